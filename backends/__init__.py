@@ -1,0 +1,1 @@
+"""Backends: the interface, the plugin registry, and the built-in backends."""

@@ -1,0 +1,162 @@
+"""Model-level ops: linear algebra, normalization, embedding, convolution, pooling, attention.
+
+Kept whole rather than decomposed, because backends have fast kernels for exactly these and
+fusion patterns produce them.
+"""
+
+from __future__ import annotations
+
+from ..symbolic import equal
+from ..types import TensorType
+from . import shape_rules as rules
+from .registry import REQUIRED, ShapeError, define
+
+
+def _F():
+    import torch.nn.functional as F
+
+    return F
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+define("matmul", "a b", rules.matmul, lambda a, b: _torch().matmul(a, b), "matmul",
+       "batched matrix product with numpy broadcasting")
+define("linear", "x weight bias?", rules.linear, lambda x, w, b: _F().linear(x, w, b), "matmul",
+       "x @ weight.T + bias")
+
+
+def _norm_rule(types, attrs):
+    x = types[0]
+    normalized = attrs["normalized_shape"]
+    if len(normalized) > x.rank or not all(
+            equal(a, b) for a, b in zip(x.shape[x.rank - len(normalized):], normalized)):
+        raise ShapeError(f"normalized_shape {list(normalized)} does not end {x}")
+    return [x]
+
+
+define("layer_norm", "x weight? bias?", _norm_rule,
+       lambda x, w, b, normalized_shape, eps: _F().layer_norm(x, list(normalized_shape), w, b, eps),
+       "normalization", "(x - mean) / sqrt(var + eps) * weight + bias over the last dims",
+       normalized_shape=REQUIRED, eps=1e-5)
+define("rms_norm", "x weight?", _norm_rule,
+       lambda x, w, normalized_shape, eps: _F().rms_norm(x, list(normalized_shape), w, eps),
+       "normalization", "x / sqrt(mean(x^2) + eps) * weight over the last dims",
+       normalized_shape=REQUIRED, eps=1e-6)
+define("group_norm", "x weight? bias?", rules.unary,
+       lambda x, w, b, groups, eps: _F().group_norm(x, groups, w, b, eps), "normalization",
+       "normalize over channel groups", groups=REQUIRED, eps=1e-5)
+define("batch_norm", "x weight? bias? mean var", rules.unary,
+       lambda x, w, b, mean, var, eps: _F().batch_norm(x, mean, var, w, b, False, 0.0, eps),
+       "normalization", "inference batch norm with running statistics", eps=1e-5)
+
+
+def _embedding(types, attrs):
+    weight, indices = types
+    return [TensorType(weight.dtype, indices.shape + weight.shape[1:])]
+
+
+define("embedding", "weight indices", _embedding,
+       lambda w, idx: _F().embedding(idx, w), "indexing", "rows of weight picked by indices")
+
+
+def _window_out(size, kernel, stride, pad, dilation, ceil_mode=False):
+    span = size + 2 * pad - dilation * (kernel - 1) - 1
+    if isinstance(span, int):
+        out = (span + (stride - 1 if ceil_mode else 0)) // stride + 1
+        if ceil_mode and (out - 1) * stride >= size + pad:
+            out -= 1
+        return out
+    import sympy
+
+    return (sympy.ceiling if ceil_mode else sympy.floor)(span / stride) + 1
+
+
+def _spatial(types, attrs, channels, ceil_mode=False):
+    x = types[0]
+    n = x.rank - 2
+    kernel = attrs.get("kernel") or types[1].shape[2:]
+    dims = [_window_out(x.shape[2 + i], kernel[i], attrs["stride"][i], attrs["padding"][i],
+                        attrs.get("dilation", [1] * n)[i], ceil_mode) for i in range(n)]
+    return [x.with_shape((x.shape[0], channels) + tuple(dims))]
+
+
+def _conv_rule(types, attrs):
+    x, w = types[0], types[1]
+    if x.rank != w.rank or x.rank not in (3, 4, 5):
+        raise ShapeError(f"conv: input {x} and weight {w} need rank 3, 4 or 5")
+    rules.same_dtype([t for t in types if t is not None], "conv")
+    return _spatial(types, attrs, w.shape[0])
+
+
+def _conv(x, w, b, stride, padding, dilation, groups):
+    fn = {3: _F().conv1d, 4: _F().conv2d, 5: _F().conv3d}[x.dim()]
+    return fn(x, w, b, stride, padding, dilation, groups)
+
+
+define("conv", "x weight bias?", _conv_rule, _conv, "convolution",
+       "N-d cross-correlation (1d, 2d or 3d by rank)", stride=REQUIRED, padding=REQUIRED,
+       dilation=REQUIRED, groups=1)
+
+
+def _pool_rule(types, attrs):
+    return _spatial(types, attrs, types[0].shape[1], attrs["ceil_mode"])
+
+
+def _max_pool(x, kernel, stride, padding, dilation, ceil_mode):
+    fn = {3: _F().max_pool1d, 4: _F().max_pool2d, 5: _F().max_pool3d}[x.dim()]
+    return fn(x, kernel, stride, padding, dilation, ceil_mode)
+
+
+def _avg_pool(x, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    fn = {3: _F().avg_pool1d, 4: _F().avg_pool2d, 5: _F().avg_pool3d}[x.dim()]
+    extra = () if x.dim() == 3 else (divisor_override,)
+    return fn(x, kernel, stride, padding, ceil_mode, count_include_pad, *extra)
+
+
+define("max_pool", "x", _pool_rule, _max_pool, "pooling", "N-d max pooling", kernel=REQUIRED,
+       stride=REQUIRED, padding=REQUIRED, dilation=REQUIRED, ceil_mode=False)
+define("avg_pool", "x", _pool_rule, _avg_pool, "pooling", "N-d average pooling", kernel=REQUIRED,
+       stride=REQUIRED, padding=REQUIRED, ceil_mode=False, count_include_pad=True,
+       divisor_override=None)
+
+
+def _adaptive_rule(types, attrs):
+    x = types[0]
+    return [x.with_shape(x.shape[: x.rank - len(attrs["output_size"])] + tuple(attrs["output_size"]))]
+
+
+def _adaptive_avg_pool(x, output_size):
+    n = len(output_size)
+    fn = {1: _F().adaptive_avg_pool1d, 2: _F().adaptive_avg_pool2d, 3: _F().adaptive_avg_pool3d}[n]
+    return fn(x, list(output_size))
+
+
+define("adaptive_avg_pool", "x", _adaptive_rule, _adaptive_avg_pool, "pooling",
+       "average pooling to a fixed output size", output_size=REQUIRED)
+
+
+def _sdpa_rule(types, attrs):
+    q, k, v, mask = types
+    rules.same_dtype([q, k, v], "scaled_dot_product_attention")
+    if q.rank < 2 or k.rank != q.rank or v.rank != q.rank:
+        raise ShapeError(f"attention: q {q}, k {k}, v {v} need one rank >= 2")
+    if not equal(q.shape[-1], k.shape[-1]):
+        raise ShapeError(f"attention: q head size {q.shape[-1]} vs k {k.shape[-1]}")
+    if mask is not None:
+        rules.broadcast_shapes(mask.shape, q.shape[:-1] + (k.shape[-2],))
+    return [q.with_shape(q.shape[:-1] + (v.shape[-1],))]
+
+
+def _sdpa(q, k, v, mask, is_causal, scale, enable_gqa):
+    return _F().scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+                                             scale=scale, enable_gqa=enable_gqa)
+
+
+define("scaled_dot_product_attention", "q k v mask?", _sdpa_rule, _sdpa, "attention",
+       "softmax(q k^T * scale + mask) v, causal and grouped-query heads optional",
+       is_causal=False, scale=None, enable_gqa=False)

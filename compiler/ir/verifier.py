@@ -1,0 +1,82 @@
+"""Checks IR invariants; the pass manager runs it after every pass.
+
+Invariants: every op is known and gets the right operands and attributes; every value is defined
+once, before its uses (nodes are in a topological order); no use refers to a value outside the
+graph; declared result types equal what the op's shape rule gives; every size symbol is declared.
+"""
+
+from __future__ import annotations
+
+from ..errors import VerificationError
+from . import symbolic
+from .graph import Graph, Node
+from .ops import ShapeError, get_op
+from .printer import format_node
+
+
+def _fail(graph: Graph, node: Node | None, what: str, fix: str | None = None):
+    where = None
+    if node is not None:
+        where = f"node `{format_node(node, graph)}`"
+        if node.loc:
+            where += f" from {node.loc}"
+    raise VerificationError(what, where, fix)
+
+
+def verify(graph: Graph) -> None:
+    """Raise VerificationError at the first broken invariant."""
+    defined: set[int] = set()
+    names: set[str] = set()
+
+    def define(value, node):
+        if id(value) in defined or value.name in names:
+            _fail(graph, node, f"value %{value.name} is defined twice")
+        if node is not None and value.producer is not node:
+            _fail(graph, node, f"value %{value.name} does not point back at its producer")
+        defined.add(id(value))
+        names.add(value.name)
+        _check_symbols(graph, node, value.type.shape)
+
+    for value in graph.inputs:
+        define(value, None)
+    for name, value in graph.weights.items():
+        if value.name != name:
+            _fail(graph, None, f"weight table key {name} names value {value.name}")
+        defined.add(id(value))
+        _check_symbols(graph, None, value.type.shape)
+    for node in graph.nodes:
+        for value in node.inputs:
+            if value is not None and id(value) not in defined:
+                _fail(graph, node, f"operand {value.name} is not defined before this node",
+                      "keep nodes in topological order and never read removed values")
+        _check_node_types(graph, node)
+        for value in node.outputs:
+            define(value, node)
+    for value in graph.outputs:
+        if id(value) not in defined:
+            _fail(graph, None, f"graph output {value.name} is not defined in the graph")
+
+
+def _check_symbols(graph: Graph, node, shape) -> None:
+    for dim in shape:
+        missing = symbolic.free_symbols(dim) - set(graph.symbols)
+        if missing:
+            _fail(graph, node, f"size symbol(s) {sorted(missing)} are not declared in the graph")
+
+
+def _check_node_types(graph: Graph, node: Node) -> None:
+    try:
+        opdef = get_op(node.op)
+        opdef.check_arity(len(node.inputs))
+        if opdef.complete_attrs(dict(node.attrs)) != node.attrs:
+            _fail(graph, node, f"{node.op} attributes are incomplete", "fill in the defaults")
+        inferred = opdef.infer([v.type if v is not None else None for v in node.inputs], node.attrs)
+    except ShapeError as exc:
+        _fail(graph, node, f"{node.op}: {exc}")
+    if len(inferred) != len(node.outputs):
+        _fail(graph, node, f"{node.op} gives {len(inferred)} results, node has {len(node.outputs)}")
+    for value, want in zip(node.outputs, inferred):
+        got = value.type
+        if got.dtype != want.dtype or got.rank != want.rank or not all(
+                symbolic.equal(a, b) for a, b in zip(got.shape, want.shape)):
+            _fail(graph, node, f"result %{value.name} has type {got}, but {node.op} gives {want}")
