@@ -13,8 +13,7 @@ import sympy
 import torch
 
 from compiler.errors import InputError
-from compiler.ir import Graph, get_op
-from compiler.ir import symbolic
+from compiler.ir import Graph, get_op, symbolic
 
 
 def bind_symbols(graph: Graph, shapes: Sequence[Sequence[int]]) -> dict[str, int]:
@@ -36,7 +35,8 @@ def resolve(attr: Any, bindings: Mapping[str, int]) -> Any:
     return attr
 
 
-def run_graph(graph: Graph, weights: Mapping[str, Any], inputs: Sequence[Any]) -> list[torch.Tensor]:
+def run_graph(graph: Graph, weights: Mapping[str, Any],
+              inputs: Sequence[Any]) -> list[torch.Tensor]:
     """Evaluate `graph` on `inputs` (tensors or arrays) with `weights` (name -> tensor or array)."""
     if len(inputs) != len(graph.inputs):
         raise InputError(f"expected {len(graph.inputs)} inputs, got {len(inputs)}")

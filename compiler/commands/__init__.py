@@ -1,0 +1,9 @@
+"""The `dayzero` subcommands, one module each.
+
+Each module has `add_parser(subparsers)`, which declares its arguments and sets `handler`. Adding
+a command is a new module plus one entry in `COMMANDS`.
+"""
+
+from . import backends, compile, inspect, run
+
+COMMANDS = (compile, run, inspect, backends)

@@ -1,0 +1,22 @@
+"""`dayzero backends`: list the installed backends and what they run."""
+
+from __future__ import annotations
+
+from ..errors import DayzeroError
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("backends", help="list installed backends")
+    p.set_defaults(handler=backends_command)
+
+
+def backends_command(args) -> int:
+    import backends
+
+    for name in backends.available():
+        try:
+            caps = backends.get(name).capabilities()
+            print(f"{name}: {len(caps.ops)} ops")
+        except DayzeroError as exc:
+            print(f"{name}: unavailable ({exc.what})")
+    return 0
