@@ -9,6 +9,7 @@ from typing import Any
 from .config import CompileConfig, load_config
 from .errors import DayzeroError
 from .ir import Graph
+from .ir.ops.collective import COMMUNICATION_OPS
 from .log import SILENT, StageLog
 
 
@@ -16,11 +17,13 @@ def compile(model, example_inputs: tuple, out: str | Path = "model.dz",
             backend: str = "onnxruntime", dynamic_shapes: Any = None,
             config: Mapping[str, Any] | str | Path | None = None, *, passes: str | None = None,
             dump_ir: str | Path | None = None, force: bool = False,
-            log: StageLog | None = None) -> Path:
+            log: StageLog | None = None, checkpoint: Any = None) -> Path:
     """Compile `model` into an artifact directory at `out` and return its path.
 
     `passes` (a pipeline string) overrides the config's `passes:`; `dump_ir` writes the IR after
     every pass; `force` replaces an existing artifact (only once the new one is complete).
+    `checkpoint` (a `compiler.checkpoint.Checkpoint`, whose meta model `model` is) binds the
+    exported graph's weights to the checkpoint's shards, streamed into the artifact.
     """
     from .frontend import export
 
@@ -35,29 +38,82 @@ def compile(model, example_inputs: tuple, out: str | Path = "model.dz",
     with log.stage("export"):
         graph = export(model, example_inputs, dynamic_shapes=dynamic_shapes)
         log.line(f"  {len(graph.nodes)} nodes, {len(graph.weights)} weights")
-    return lower_and_write(graph, out, target, cfg, passes=passes, dump_ir=dump_ir, force=force,
-                           log=log)
+    if checkpoint is None:
+        return lower_and_write(graph, out, target, cfg, passes=passes, dump_ir=dump_ir,
+                               force=force, log=log)
+    graph = checkpoint.bind(graph, log)
+    with checkpoint.streaming(log) as progress:
+        return lower_and_write(graph, out, target, cfg, passes=passes, dump_ir=dump_ir,
+                               force=force, log=log, progress=progress)
 
 
 def lower_and_write(graph: Graph, out: Path, target, cfg: CompileConfig, *,
-                    passes: str | None, dump_ir, force: bool, log: StageLog) -> Path:
-    """Run the pipeline on an exported graph and write the artifact for `target`."""
+                    passes: str | None, dump_ir, force: bool, log: StageLog,
+                    progress: Any = None) -> Path:
+    """Run the pipeline on an exported graph and write the artifact for `target`.
+
+    `progress` (total weight bytes -> callback or None) replaces the plain progress bar.
+    """
     from passes import DEFAULT_PIPELINE, PassManager, format_pipeline, parse_pipeline
+    from passes.plan_memory import memory_plan_for
     from runtime.artifact import write_artifact
 
     pipeline = parse_pipeline(passes or (",".join(cfg.passes) if cfg.passes else DEFAULT_PIPELINE))
+    pipeline = _with_precision(pipeline, cfg)
     manager = PassManager(pipeline, dump_dir=dump_ir, log=log.line)
     with log.stage("passes", format_pipeline(pipeline)):
         graph = manager.run(graph)
+    if _world_size(cfg) > 1:
+        return _write_partitioned(graph, out, target, cfg, format_pipeline(pipeline),
+                                  dump_ir=dump_ir, force=force, log=log)
     _check_supported(graph, target)
+    extra = {"pipeline": format_pipeline(pipeline),
+             "config": {"parallel": cfg.parallel, "precision": cfg.precision,
+                        "quantize": cfg.quantize}}
+    memory_plan = memory_plan_for(pipeline, graph)  # the final graph's plan, if one is asked for
+    if memory_plan is not None:
+        extra["memory_plan"] = memory_plan
     with log.stage("lower+write", f"backend {target.name} -> {out}"):
         total = sum(int(getattr(t, "nbytes", 0)) for t in graph.weight_data.values())
-        path = write_artifact(out, graph, target, options={}, force=force,
-                              manifest_extra={"pipeline": format_pipeline(pipeline),
-                                              "config": {"parallel": cfg.parallel,
-                                                         "precision": cfg.precision,
-                                                         "quantize": cfg.quantize}},
-                              progress=log.progress(total, "weights"))
+        bar = progress(total) if progress is not None else log.progress(total, "weights")
+        path = write_artifact(out, graph, target, options={}, force=force, manifest_extra=extra,
+                              progress=bar)
+    log.line(f"wrote {path}")
+    return path
+
+
+def _world_size(cfg: CompileConfig) -> int:
+    size = 1
+    for value in cfg.parallel.values():
+        size *= value
+    return size
+
+
+def _write_partitioned(graph: Graph, out: Path, target, cfg: CompileConfig, pipeline: str, *,
+                       dump_ir, force: bool, log: StageLog) -> Path:
+    """Partition over the `parallel:` mesh and write one graph and weight shards per rank."""
+    from passes.parallel import Mesh
+    from passes.parallel.partition import partition
+    from runtime.artifact import write_artifact
+
+    mesh = Mesh.from_config(cfg.parallel)
+    with log.stage("partition", str(mesh)):
+        plan = partition(graph, mesh, dump_dir=Path(dump_ir) / "parallel" if dump_ir else None,
+                         log=log.line)
+        layout = plan.manifest()
+        for stage in layout["stages"]:
+            log.line(f"  stage {stage['stage']}: nodes {stage['nodes']}, cost {stage['cost']}")
+    for program in plan.ranks:  # communication runs in the runtime, between backend segments
+        _check_supported(program.graph, target, skip=COMMUNICATION_OPS)
+    extra = {"pipeline": pipeline, "parallel": layout,
+             "config": {"parallel": cfg.parallel, "precision": cfg.precision,
+                        "quantize": cfg.quantize}}
+    with log.stage("lower+write", f"backend {target.name}, {mesh.world_size} ranks -> {out}"):
+        total = sum(int(getattr(t, "nbytes", 0)) for r in plan.ranks
+                    for t in r.graph.weight_data.values())
+        path = write_artifact(out, plan.graph, target, options={}, force=force,
+                              manifest_extra=extra, progress=log.progress(total, "weights"),
+                              ranks=plan.ranks)
     log.line(f"wrote {path}")
     return path
 
@@ -68,10 +124,10 @@ def _backend(name: str):
     return backends.get(name)
 
 
-def _check_supported(graph: Graph, target) -> None:
+def _check_supported(graph: Graph, target, skip: frozenset[str] = frozenset()) -> None:
     missing: dict[str, list] = {}
     for node in graph.nodes:
-        if not target.supports(node):
+        if node.op not in skip and not target.supports(node):
             missing.setdefault(node.op, []).append(node)
     if missing:
         lines = [f"{op} ({len(nodes)}x, first at {nodes[0].loc or 'unknown location'})"
@@ -81,12 +137,28 @@ def _check_supported(graph: Graph, target) -> None:
                            "choose another backend (dayzero backends lists them)")
 
 
+def _with_precision(pipeline: list, cfg: CompileConfig) -> list:
+    """The `precision:` config as a `precision` pass at the head of the pipeline (unless the
+    pipeline already has one, whose options then rule)."""
+    from passes import get_pass
+
+    weight, activation = cfg.precision["weight_dtype"], cfg.precision["activation_dtype"]
+    if (weight, activation) == ("fp32", "fp32") or any(p.name == "precision" for p in pipeline):
+        return pipeline
+    return [get_pass("precision")(weight_dtype=weight, activation_dtype=activation), *pipeline]
+
+
+# precision values the precision pass implements (fp8 is a quantization format: not yet)
+_IMPLEMENTED = {("precision", "weight_dtype"): ("fp32", "bf16", "fp16"),
+                ("precision", "activation_dtype"): ("fp32", "bf16", "fp16")}
+
+
 def _refuse_unimplemented(cfg: CompileConfig) -> None:
     """Valid config values this version cannot honour yet are refused, never ignored."""
-    defaults = {"parallel": 1, "precision": "fp32", "quantize": None}
-    for section in ("parallel", "precision", "quantize"):
+    defaults = {"precision": "fp32", "quantize": None}
+    for section in ("precision", "quantize"):
         for key, value in cfg.section(section).items():
-            if key == "group_size":
+            if key == "group_size" or value in _IMPLEMENTED.get((section, key), ()):
                 continue
             if value != defaults[section]:
                 raise DayzeroError(f"config key '{section}.{key}: {value}' is valid but not "

@@ -2,7 +2,9 @@
 
 It is the golden model other backends are checked against, so it lowers to nothing: the graph text
 and the weights are its whole payload. Loading parses graph.dzir and maps the weights as torch
-tensors straight from the safetensors files (no copy), then runs `interpreter.run_graph`.
+tensors straight from the safetensors files (no copy), then runs `interpreter.run_graph` — or,
+when the artifact records a memory plan (`plan_memory` in the pipeline), `arena.run_in_arena`,
+which allocates one arena per run and keeps every intermediate at its planned offset.
 torch is imported only when a graph runs, so listing capabilities works without it.
 """
 
@@ -39,7 +41,20 @@ class ReferenceBackend(Backend):
         graph = parse_ir(artifact.graph_text(), source=f"{artifact.root}/graph.dzir")
         weights = artifact.weights("torch")
         check_weights(graph, weights, str(artifact.root))
-        return _Executable(graph, weights)
+        return _Executable(graph, weights, _layout(artifact, graph))
+
+
+def _layout(artifact: ArtifactView, graph: Graph):
+    """The arena layout of the artifact's memory plan, or None when it records none."""
+    plan = artifact.manifest.get("memory_plan")
+    if plan is None:
+        return None
+    from .arena import ArenaLayout
+
+    where = f"{artifact.root}/manifest.json: memory_plan"
+    layout = ArenaLayout.from_plan(plan, where)
+    layout.check_graph(graph, where)
+    return layout
 
 
 def check_weights(graph: Graph, weights: Mapping[str, Any], where: str) -> None:
@@ -56,14 +71,25 @@ def check_weights(graph: Graph, weights: Mapping[str, Any], where: str) -> None:
 
 
 class _Executable:
-    def __init__(self, graph: Graph, weights: Mapping[str, Any]):
+    """Runs the graph; with a memory plan, in one arena, keeping the last run's `ArenaStats`."""
+
+    def __init__(self, graph: Graph, weights: Mapping[str, Any], layout=None):
         self.graph = graph
         self.weights = weights
+        self.layout = layout
+        self.last_stats = None
 
     def __call__(self, inputs: Sequence[Any]) -> list[Any]:
-        from .interpreter import run_graph
+        tensors = [_to_torch(x) for x in inputs]
+        if self.layout is None:
+            from .interpreter import run_graph
 
-        outputs = run_graph(self.graph, self.weights, [_to_torch(x) for x in inputs])
+            outputs = run_graph(self.graph, self.weights, tensors)
+        else:
+            from .arena import run_in_arena
+
+            outputs, self.last_stats = run_in_arena(self.graph, self.weights, tensors,
+                                                    self.layout)
         return [_to_numpy(t) for t in outputs]
 
 

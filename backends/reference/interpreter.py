@@ -13,7 +13,7 @@ import sympy
 import torch
 
 from compiler.errors import InputError
-from compiler.ir import Graph, get_op, symbolic
+from compiler.ir import Graph, Node, get_op, symbolic
 
 
 def bind_symbols(graph: Graph, shapes: Sequence[Sequence[int]]) -> dict[str, int]:
@@ -38,6 +38,16 @@ def resolve(attr: Any, bindings: Mapping[str, int]) -> Any:
 def run_graph(graph: Graph, weights: Mapping[str, Any],
               inputs: Sequence[Any]) -> list[torch.Tensor]:
     """Evaluate `graph` on `inputs` (tensors or arrays) with `weights` (name -> tensor or array)."""
+    env, bindings = bind_inputs(graph, weights, inputs)
+    for node in graph.nodes:
+        for value, tensor in zip(node.outputs, run_node(node, env, bindings)):
+            env[id(value)] = tensor
+    return [env[id(v)] for v in graph.outputs]
+
+
+def bind_inputs(graph: Graph, weights: Mapping[str, Any],
+                inputs: Sequence[Any]) -> tuple[dict[int, torch.Tensor], dict[str, int]]:
+    """The starting environment (value id -> tensor for inputs and weights) and symbol values."""
     if len(inputs) != len(graph.inputs):
         raise InputError(f"expected {len(graph.inputs)} inputs, got {len(inputs)}")
     env: dict[int, torch.Tensor] = {}
@@ -48,12 +58,13 @@ def run_graph(graph: Graph, weights: Mapping[str, Any],
         if name not in weights:
             raise InputError(f"no data for weight {name}")
         env[id(value)] = torch.as_tensor(weights[name])
-    bindings = bind_symbols(graph, [t.shape for t in tensors])
-    for node in graph.nodes:
-        args = [None if v is None else env[id(v)] for v in node.inputs]
-        attrs = {k: resolve(v, bindings) for k, v in node.attrs.items()}
-        result = get_op(node.op).reference(*args, **attrs)
-        results = result if isinstance(result, (tuple, list)) else (result,)
-        for value, tensor in zip(node.outputs, results):
-            env[id(value)] = tensor
-    return [env[id(v)] for v in graph.outputs]
+    return env, bind_symbols(graph, [t.shape for t in tensors])
+
+
+def run_node(node: Node, env: Mapping[int, torch.Tensor],
+             bindings: Mapping[str, int]) -> tuple[torch.Tensor, ...]:
+    """The results of one node, by its op's reference semantics, on operands held in `env`."""
+    args = [None if v is None else env[id(v)] for v in node.inputs]
+    attrs = {k: resolve(v, bindings) for k, v in node.attrs.items()}
+    result = get_op(node.op).reference(*args, **attrs)
+    return tuple(result) if isinstance(result, (tuple, list)) else (result,)

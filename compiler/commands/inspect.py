@@ -11,8 +11,13 @@ from ..errors import DayzeroError
 def add_parser(sub) -> None:
     p = sub.add_parser("inspect", help="print an artifact's or a .dzir file's IR")
     p.add_argument("path", metavar="ARTIFACT|FILE.dzir")
-    p.add_argument("--memory", action="store_true", help="show the memory plan")
+    p.add_argument("--memory", action="store_true",
+                   help="show the memory plan: peak, lower bound, naive total, values at peak")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="draw the memory plan's arena over time to an image file")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--rank", type=int, metavar="N",
+                   help="show rank N's graph of a partitioned artifact (default: the global one)")
     p.set_defaults(handler=inspect_command)
 
 
@@ -20,9 +25,6 @@ def inspect_command(args) -> int:
     from ..ir import parse_ir, print_ir
 
     path = Path(args.path)
-    if args.memory:
-        raise DayzeroError("--memory: memory plans are not recorded by this version",
-                           "--memory", "inspect without --memory")
     if path.is_file():
         try:
             text = path.read_text()
@@ -34,18 +36,62 @@ def inspect_command(args) -> int:
         from runtime.artifact import open_artifact
 
         artifact = open_artifact(path)
-        graph = parse_ir(artifact.graph_text(), source=str(path / "graph.dzir"))
         manifest = dict(artifact.manifest)
+        # a partitioned artifact's graph.dzir is the annotated global graph, not rank 0's
+        text = (path / manifest["graph"]).read_text() if manifest.get("parallel", {}).get(
+            "world_size", 1) > 1 else artifact.graph_text()
+        graph = parse_ir(text, source=str(path / "graph.dzir"))
+        if args.rank is not None:
+            graph = parse_ir(artifact.graph_text(args.rank), source=f"{path} rank {args.rank}")
     else:
         raise DayzeroError(f"{path} does not exist", str(path),
                            "give an artifact directory or a .dzir file")
+    if args.memory or args.plot:
+        return _memory(args, path, graph, manifest)
+    if args.rank is not None and manifest is None:
+        raise DayzeroError("--rank needs a partitioned artifact, not a .dzir file", "--rank")
+    from . import inspect_parallel as par
+
+    partitioned = par.is_partitioned(manifest)
+    report = par.report_for(par.rank_graphs(artifact) if partitioned else {0: graph})
     if args.json:
-        print(json.dumps({"manifest": manifest, "graph": print_ir(graph)}, indent=2, default=str))
+        print(json.dumps({"manifest": manifest, "graph": print_ir(graph),
+                          "communication": report}, indent=2, default=str))
         return 0
     if manifest is not None:
         print(f"# artifact {path}: backend {manifest.get('backend')}, "
               f"format {manifest.get('format')} v{manifest.get('format_version')}")
         if manifest.get("pipeline"):
             print(f"# pipeline {manifest['pipeline']}")
+    if partitioned:
+        print(par.comment(par.summary(manifest, report)), end="")
+    elif report is not None:
+        from passes.parallel.report import format_report
+
+        print(par.comment(format_report(report)), end="")
     print(print_ir(graph), end="")
+    return 0
+
+
+def _memory(args, path: Path, graph, manifest: dict | None) -> int:
+    """--memory / --plot: the recorded plan (checked against the graph), or one computed now."""
+    from passes.memory import MemoryPlan, plan_graph, verify_plan
+    from passes.memory.report import summarize
+
+    recorded = manifest is not None and manifest.get("memory_plan") is not None
+    if recorded:
+        plan = MemoryPlan.from_json(manifest["memory_plan"], f"{path}/manifest.json: memory_plan")
+        verify_plan(plan, graph)
+    else:
+        plan = plan_graph(graph)
+    if args.plot:
+        from passes.memory.plot import plot_plan
+
+        plot_plan(plan, args.plot, title=f"{graph.name} ({path.name})")
+    if args.json:
+        print(json.dumps({"memory_plan": plan.to_json(), "recorded": recorded}, indent=2))
+    elif args.memory:
+        print(summarize(plan, graph, recorded), end="")
+    if args.plot and not args.json:
+        print(f"wrote {args.plot}")
     return 0

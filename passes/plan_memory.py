@@ -1,0 +1,72 @@
+"""plan_memory: plan every intermediate's place in one arena, and record the plan in the artifact.
+
+A pass returns only a graph, and the plan must not ride on the graph as hidden state, so the
+plan is a pure function of (final graph, this pass's options): `run` computes and verifies it
+(so a graph that cannot be planned fails here, with the pass manager's reproducer), and the
+compile driver calls `memory_plan_for(pipeline, graph)` on the final graph to store the same plan
+in the artifact's manifest under `memory_plan` (see passes/memory/plan.py for the schema). The
+plan is recorded whatever the backend; the reference backend runs with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from compiler.errors import DayzeroError
+from compiler.ir import Graph
+
+from .base import Pass, PassResult
+from .memory import ALGORITHMS, DEFAULT_ALIGNMENT, MemoryPlan, parse_sizes, plan_graph
+from .registry import register_pass
+
+
+@register_pass
+@dataclass(frozen=True)
+class PlanMemory(Pass):
+    """Compute and verify the arena memory plan of the graph; leaves the graph unchanged.
+
+    Needs: a valid graph whose size symbols have upper bounds, or `sizes` (e.g. `s0:128;s1:16`)
+    for those that do not. Options: `alignment` of every offset in bytes; `inplace` lets an
+    elementwise result overwrite an operand that dies at its step; `algorithm` is `all` (the
+    suite keeps the smallest plan) or one planner name.
+    Guarantees: the graph is not modified; the plan places every intermediate so that no two
+    values live at the same step overlap (proved by the verifier), at the graph's current node
+    order — so run it after every pass that changes the graph (the driver plans the final graph).
+    Why: activation memory is the scarcest resource for large models; one arena sized to a
+    near-optimal plan replaces one allocation per intermediate.
+    """
+
+    name: ClassVar[str] = "plan_memory"
+    summary: ClassVar[str] = "plan every intermediate's offset in one arena (recorded in artifact)"
+
+    sizes: str = ""
+    alignment: int = DEFAULT_ALIGNMENT
+    inplace: bool = True
+    algorithm: str = "all"
+
+    def run(self, graph: Graph) -> PassResult:
+        self.plan(graph)
+        return PassResult(graph, False)
+
+    def plan(self, graph: Graph) -> MemoryPlan:
+        """The verified plan for `graph` in its current node order."""
+        if self.alignment <= 0 or self.alignment & (self.alignment - 1):
+            raise DayzeroError(f"plan_memory alignment {self.alignment} is not a power of two",
+                               "pass plan_memory", "use e.g. alignment=64")
+        if self.algorithm != "all" and self.algorithm not in ALGORITHMS:
+            raise DayzeroError(f"plan_memory has no algorithm '{self.algorithm}'",
+                               "pass plan_memory", "use all or one of: " + ", ".join(ALGORITHMS))
+        algorithms = None if self.algorithm == "all" else [self.algorithm]
+        return plan_graph(graph, parse_sizes(self.sizes), self.alignment, self.inplace,
+                          algorithms)
+
+
+def memory_plan_for(passes: Sequence[Pass], graph: Graph) -> dict[str, Any] | None:
+    """The JSON plan to record for the final `graph` if the pipeline plans memory, else None.
+
+    Uses the options of the last `plan_memory` in the pipeline.
+    """
+    planners = [p for p in passes if isinstance(p, PlanMemory)]
+    return planners[-1].plan(graph).to_json() if planners else None
