@@ -17,13 +17,16 @@ def compile(model, example_inputs: tuple, out: str | Path = "model.dz",
             backend: str = "onnxruntime", dynamic_shapes: Any = None,
             config: Mapping[str, Any] | str | Path | None = None, *, passes: str | None = None,
             dump_ir: str | Path | None = None, force: bool = False,
-            log: StageLog | None = None, checkpoint: Any = None) -> Path:
+            log: StageLog | None = None, checkpoint: Any = None,
+            fallback: str | None = None) -> Path:
     """Compile `model` into an artifact directory at `out` and return its path.
 
     `passes` (a pipeline string) overrides the config's `passes:`; `dump_ir` writes the IR after
     every pass; `force` replaces an existing artifact (only once the new one is complete).
     `checkpoint` (a `compiler.checkpoint.Checkpoint`, whose meta model `model` is) binds the
     exported graph's weights to the checkpoint's shards, streamed into the artifact.
+    `fallback` names a backend for the nodes `backend` does not support (the backend must
+    accept a `fallback` option, as triton does: it partitions by capabilities).
     """
     from .frontend import export
 
@@ -40,16 +43,16 @@ def compile(model, example_inputs: tuple, out: str | Path = "model.dz",
         log.line(f"  {len(graph.nodes)} nodes, {len(graph.weights)} weights")
     if checkpoint is None:
         return lower_and_write(graph, out, target, cfg, passes=passes, dump_ir=dump_ir,
-                               force=force, log=log)
+                               force=force, log=log, fallback=fallback)
     graph = checkpoint.bind(graph, log)
     with checkpoint.streaming(log) as progress:
         return lower_and_write(graph, out, target, cfg, passes=passes, dump_ir=dump_ir,
-                               force=force, log=log, progress=progress)
+                               force=force, log=log, progress=progress, fallback=fallback)
 
 
 def lower_and_write(graph: Graph, out: Path, target, cfg: CompileConfig, *,
                     passes: str | None, dump_ir, force: bool, log: StageLog,
-                    progress: Any = None) -> Path:
+                    progress: Any = None, fallback: str | None = None) -> Path:
     """Run the pipeline on an exported graph and write the artifact for `target`.
 
     `progress` (total weight bytes -> callback or None) replaces the plain progress bar.
@@ -66,7 +69,8 @@ def lower_and_write(graph: Graph, out: Path, target, cfg: CompileConfig, *,
     if _world_size(cfg) > 1:
         return _write_partitioned(graph, out, target, cfg, format_pipeline(pipeline),
                                   dump_ir=dump_ir, force=force, log=log)
-    _check_supported(graph, target)
+    _check_supported(graph, target, fallback=_backend(fallback) if fallback else None)
+    options = {"fallback": fallback} if fallback else {}
     extra = {"pipeline": format_pipeline(pipeline),
              "config": {"parallel": cfg.parallel, "precision": cfg.precision,
                         "quantize": cfg.quantize}}
@@ -76,8 +80,8 @@ def lower_and_write(graph: Graph, out: Path, target, cfg: CompileConfig, *,
     with log.stage("lower+write", f"backend {target.name} -> {out}"):
         total = sum(int(getattr(t, "nbytes", 0)) for t in graph.weight_data.values())
         bar = progress(total) if progress is not None else log.progress(total, "weights")
-        path = write_artifact(out, graph, target, options={}, force=force, manifest_extra=extra,
-                              progress=bar)
+        path = write_artifact(out, graph, target, options=options, force=force,
+                              manifest_extra=extra, progress=bar)
     log.line(f"wrote {path}")
     return path
 
@@ -124,10 +128,12 @@ def _backend(name: str):
     return backends.get(name)
 
 
-def _check_supported(graph: Graph, target, skip: frozenset[str] = frozenset()) -> None:
+def _check_supported(graph: Graph, target, skip: frozenset[str] = frozenset(),
+                     fallback=None) -> None:
     missing: dict[str, list] = {}
     for node in graph.nodes:
-        if node.op not in skip and not target.supports(node):
+        if node.op not in skip and not target.supports(node) and \
+                not (fallback is not None and fallback.supports(node)):
             missing.setdefault(node.op, []).append(node)
     if missing:
         lines = [f"{op} ({len(nodes)}x, first at {nodes[0].loc or 'unknown location'})"

@@ -24,7 +24,7 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -58,12 +58,17 @@ def write_artifact(out: str | Path, graph: Graph, backend: Backend | str, *,
                    options: Mapping[str, Any] | None = None,
                    manifest_extra: Mapping[str, Any] | None = None, force: bool = False,
                    progress: Callable[[int], Any] | None = None,
-                   shard_bytes: int = DEFAULT_SHARD_BYTES) -> Path:
+                   shard_bytes: int = DEFAULT_SHARD_BYTES,
+                   ranks: Sequence[Any] | None = None) -> Path:
     """Write `graph` (with `graph.weight_data`) lowered by `backend` as an artifact at `out`.
 
     `progress` is called with the number of weight bytes written after each tensor. Without
     `force` an existing `out` is refused; with it, an existing artifact (or empty folder) is
     replaced once the new one is complete. Returns `out` as a Path.
+
+    `ranks` (objects with `rank`, `coords` and `graph`, one per rank of a partitioned model)
+    writes one graph and one set of weight shards per rank instead (see `rank_files`); `graph`
+    is then the annotated global graph, stored as graph.dzir for inspection only.
     """
     out = Path(out)
     target = backends.get(backend) if isinstance(backend, str) else backend
@@ -80,7 +85,15 @@ def write_artifact(out: str | Path, graph: Graph, backend: Backend | str, *,
     tmp.mkdir()  # not tempfile.mkdtemp: the artifact keeps the user's umask, not mode 0700
     try:
         files: dict[str, dict[str, Any]] = {}
-        shard_files = _fill(tmp, graph, target, options, files, progress, shard_bytes)
+        if ranks is None:
+            shard_files = _fill(tmp, graph, target, options, files, progress, shard_bytes)
+        else:
+            from .rank_files import write_ranks
+
+            entries = write_ranks(tmp, ranks, target, options, files, progress, shard_bytes)
+            _put(tmp, GRAPH, print_ir(graph).encode(), files)
+            extra["parallel"] = {**extra.get("parallel", {}), "ranks": entries}
+            shard_files = []
         manifest = _manifest(graph, target.name, options, extra, shard_files, files)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         _install(tmp, out, force)
@@ -111,15 +124,16 @@ def _put(root: Path, rel: str, data: bytes, files: dict[str, dict[str, Any]]) ->
 
 
 def _write_weights(root: Path, graph: Graph, files: dict[str, dict[str, Any]], progress,
-                   shard_bytes: int) -> tuple[dict[str, WeightLocation], list[str]]:
+                   shard_bytes: int, folder: str = WEIGHTS_DIR
+                   ) -> tuple[dict[str, WeightLocation], list[str]]:
     specs = {name: _weight_spec(graph, name) for name in graph.weights}
     sizes = [(name, _nbytes(*spec)) for name, spec in specs.items()]
     shards = st.plan_shards(sizes, shard_bytes)
-    (root / WEIGHTS_DIR).mkdir()
+    (root / folder).mkdir(parents=True)
     locations: dict[str, WeightLocation] = {}
     shard_files = []
     for index, names in enumerate(shards):
-        rel = f"{WEIGHTS_DIR}/model-{index + 1:05d}-of-{len(shards):05d}.safetensors"
+        rel = f"{folder}/model-{index + 1:05d}-of-{len(shards):05d}.safetensors"
         entries, digest, size = st.write_file(root / rel, {n: specs[n] for n in names},
                                               graph.weight_data, progress)
         files[rel] = {"size": size, "sha256": digest}
@@ -233,15 +247,17 @@ class Artifact:
     weight files but hashes only the other files, for multi-gigabyte weights loaded often.
     """
 
-    def __init__(self, path: str | Path, verify: str = "full"):
+    def __init__(self, path: str | Path, verify: str = "full", rank: int | None = None):
         if verify not in VERIFY_MODES:
             raise ValueError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
         self.root = Path(path)
+        self.rank = rank
         self.manifest: dict[str, Any] = _read_manifest(self.root)
         self._ranks = _ranks(self.manifest)
         weight_files = {f for r in self._ranks for f in r["weights"]}
-        _check_files(self.root, self.manifest["files"], verify, weight_files)
-        self._entries = {f: st.read_header(self.root / f, f) for f in sorted(weight_files)}
+        mine = weight_files if rank is None else set(self._rank(rank)["weights"])
+        _check_files(self.root, self.manifest["files"], verify, weight_files, weight_files - mine)
+        self._entries = {f: st.read_header(self.root / f, f) for f in sorted(mine)}
         self._maps: dict[tuple[str, str], np.memmap] = {}
 
     def __repr__(self) -> str:
@@ -255,7 +271,7 @@ class Artifact:
     def backend_options(self) -> dict[str, Any]:
         return self.manifest.get("backend_options", {})
 
-    def graph_text(self, rank: int = 0) -> str:
+    def graph_text(self, rank: int | None = None) -> str:
         return (self.root / self._rank(rank)["graph"]).read_text()
 
     def payload_path(self, relpath: str) -> Path:
@@ -266,12 +282,12 @@ class Artifact:
                                 "recompile the artifact with this backend")
         return self.root / rel
 
-    def weight_locations(self, rank: int = 0) -> dict[str, WeightLocation]:
+    def weight_locations(self, rank: int | None = None) -> dict[str, WeightLocation]:
         """Where each weight's bytes are, the same locations the backend's lower() was given."""
         return {name: WeightLocation(file, e.begin, e.nbytes, e.dtype.value, e.shape)
                 for file, name, e in self._rank_entries(rank)}
 
-    def weights(self, framework: str = "np", rank: int = 0) -> dict[str, Any]:
+    def weights(self, framework: str = "np", rank: int | None = None) -> dict[str, Any]:
         """Weights as numpy arrays ("np", read-only) or torch tensors ("torch"), mapped in place.
 
         Torch tensors sit on a private copy-on-write mapping: writing to one never reaches the
@@ -289,16 +305,22 @@ class Artifact:
             self._maps[key] = np.memmap(self.root / file, dtype=np.uint8, mode=mode)
         return self._maps[key]
 
-    def _rank(self, rank: int) -> dict[str, Any]:
+    def _rank(self, rank: int | None) -> dict[str, Any]:
+        """A rank's manifest entry; None is the rank the artifact was opened for (else 0)."""
+        rank = (self.rank or 0) if rank is None else rank
         for entry in self._ranks:
             if entry["rank"] == rank:
                 return entry
         raise ArtifactError(f"the artifact has no rank {rank}", str(self.root / MANIFEST),
                             f"ranks are {[r['rank'] for r in self._ranks]}")
 
-    def _rank_entries(self, rank: int):
+    def _rank_entries(self, rank: int | None):
         seen: dict[str, str] = {}
         for file in self._rank(rank)["weights"]:
+            if file not in self._entries:
+                raise ArtifactError(f"{file} belongs to another rank than rank {self.rank}, "
+                                    "which this artifact was opened for", str(self.root / file),
+                                    "open the artifact for that rank (or for all ranks)")
             for name, entry in self._entries[file].items():
                 if name in seen:
                     raise ArtifactError(f"weight '{name}' is stored twice", f"{seen[name]}, {file}",
@@ -307,9 +329,13 @@ class Artifact:
                 yield file, name, entry
 
 
-def open_artifact(path: str | Path, verify: str = "full") -> Artifact:
-    """Open and verify an artifact directory; raises ArtifactError naming the offending file."""
-    return Artifact(path, verify=verify)
+def open_artifact(path: str | Path, verify: str = "full", rank: int | None = None) -> Artifact:
+    """Open and verify an artifact directory; raises ArtifactError naming the offending file.
+
+    With `rank`, only that rank's weight files are read (hashed, headers checked); the other
+    ranks' weight files are checked for presence and size only.
+    """
+    return Artifact(path, verify=verify, rank=rank)
 
 
 def _numpy_view(mm: np.memmap, e: st.TensorEntry) -> np.ndarray:
@@ -380,8 +406,12 @@ def _ranks(manifest: dict[str, Any]) -> list[dict[str, Any]]:
     return ranks
 
 
-def _check_files(root: Path, listed: dict[str, Any], verify: str, weight_files: set[str]) -> None:
-    """Every listed file exists with its size and hash; no unlisted file hides in the folder."""
+def _check_files(root: Path, listed: dict[str, Any], verify: str, weight_files: set[str],
+                 foreign: set[str] = frozenset()) -> None:
+    """Every listed file exists with its size and hash; no unlisted file hides in the folder.
+
+    Files in `foreign` (other ranks' weights) are checked for size only, never read.
+    """
     inside = root.resolve()
     for rel, info in listed.items():
         path = root / _safe_relpath(rel, f"file listed in {MANIFEST}")
@@ -396,7 +426,7 @@ def _check_files(root: Path, listed: dict[str, Any], verify: str, weight_files: 
             expected = info.get("size") if isinstance(info, dict) else None
             raise ArtifactError(f"file {rel} is {size} bytes, the manifest says {expected}",
                                 str(path), "the artifact is corrupted or truncated; recompile it")
-        if verify == "full" or rel not in weight_files:
+        if rel not in foreign and (verify == "full" or rel not in weight_files):
             if _sha256(path) != info.get("sha256"):
                 raise ArtifactError(f"file {rel} does not match its sha256 in the manifest",
                                     str(path), "the artifact was modified or corrupted; "

@@ -63,7 +63,13 @@ def load(path: str | Path, verify: str = "full") -> CompiledModel:
     """Open, verify and load the artifact at `path`; runs no code stored in it.
 
     `verify="size"` skips hashing the weight files (their sizes and headers are still checked).
+    A partitioned artifact (several ranks) gives a `runtime.distributed` model instead: this
+    rank's part inside a torch.distributed job, else one that launches its ranks on each call.
     """
+    from .distributed import load_partitioned, partitioned_world
+
+    if partitioned_world(path) > 1:
+        return load_partitioned(path, verify=verify)
     return CompiledModel(open_artifact(path, verify=verify))
 
 

@@ -96,12 +96,30 @@ def write_file(path: Path, specs: Mapping[str, tuple[DType, tuple[int, ...]]],
     with open(path, "wb") as f:
         _write(f, digest, header)
         for entry in entries:
-            raw = tensor_bytes(data[entry.name], entry)
-            _write(f, digest, raw)
-            if progress is not None:
-                progress(entry.nbytes)
+            for raw in tensor_chunks(data[entry.name], entry):
+                _write(f, digest, raw)
+                if progress is not None:
+                    progress(raw.nbytes)
         size = f.tell()
     return entries, digest.hexdigest(), size
+
+
+def tensor_chunks(data: Any, entry: TensorEntry) -> Iterable[memoryview]:
+    """The tensor's bytes in one piece, or in bounded chunks from a streaming handle.
+
+    A handle with `iter_chunks()`, `ir_dtype` and `shape` (a checkpoint's lazy tensor) is read
+    and converted chunk by chunk, so a weight larger than memory is never held whole.
+    """
+    chunks = getattr(data, "iter_chunks", None)
+    if chunks is None:
+        return [tensor_bytes(data, entry)]
+    dtype, shape = data.ir_dtype, tuple(data.shape)
+    if dtype != entry.dtype or shape != entry.shape:
+        raise DayzeroError(f"weight '{entry.name}' streams {dtype}{list(shape)} data but the "
+                           f"graph declares {entry.dtype}{list(entry.shape)}",
+                           f"weight {entry.name}",
+                           "make graph.weight_data agree with the weight declarations")
+    return chunks()
 
 
 def _write(f: BinaryIO, digest, chunk) -> None:

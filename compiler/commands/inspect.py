@@ -16,6 +16,8 @@ def add_parser(sub) -> None:
     p.add_argument("--plot", metavar="FILE.png",
                    help="draw the memory plan's arena over time to an image file")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--kernels", action="store_true",
+                   help="print the Triton kernels generated for the graph (triton backend)")
     p.add_argument("--rank", type=int, metavar="N",
                    help="show rank N's graph of a partitioned artifact (default: the global one)")
     p.set_defaults(handler=inspect_command)
@@ -48,6 +50,8 @@ def inspect_command(args) -> int:
                            "give an artifact directory or a .dzir file")
     if args.memory or args.plot:
         return _memory(args, path, graph, manifest)
+    if args.kernels:
+        return _kernels(args, graph)
     if args.rank is not None and manifest is None:
         raise DayzeroError("--rank needs a partitioned artifact, not a .dzir file", "--rank")
     from . import inspect_parallel as par
@@ -70,6 +74,19 @@ def inspect_command(args) -> int:
 
         print(par.comment(format_report(report)), end="")
     print(print_ir(graph), end="")
+    return 0
+
+
+def _kernels(args, graph) -> int:
+    """The generated kernel sources, regenerated from the graph exactly as the backend does."""
+    from backends.triton import kernel_sources
+
+    sources = kernel_sources(graph)
+    if args.json:
+        print(json.dumps(sources, indent=2))
+    else:
+        for name, source in sources.items():
+            print(f"# kernel {name}\n{source}")
     return 0
 
 

@@ -19,17 +19,16 @@ def add_parser(sub) -> None:
     p.add_argument("--size", action="append", default=[], metavar="SYMBOL=N",
                    help="size of a symbolic dim for generated inputs")
     p.add_argument("--output", metavar="FILE.npz")
-    p.add_argument("--nproc", type=int, default=1)
+    p.add_argument("--nproc", type=int, default=None, metavar="N",
+                   help="ranks to start on this machine for a partitioned artifact (default: "
+                   "the artifact's world size); torchrun runs it on several machines")
+    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                   help="how long a collective waits for the other ranks (default 300)")
     p.set_defaults(handler=run_command)
 
 
 def run_command(args) -> int:
-    import runtime
-
-    if args.nproc != 1:
-        raise DayzeroError(f"--nproc {args.nproc}: multi-process execution is not supported by "
-                           "this version", "--nproc", "run with --nproc 1")
-    model = runtime.load(args.artifact)
+    model = _load(args)
     inputs = _gather_inputs(model, args.input, _sizes(args.size))
     start = time.perf_counter()
     outputs = model(*inputs)
@@ -43,6 +42,25 @@ def run_command(args) -> int:
         _save_npz(Path(args.output), {s.name: o for s, o in zip(model.output_specs, outputs)})
         print(f"wrote {args.output}")
     return 0
+
+
+def _load(args):
+    """A CompiledModel, or for a partitioned artifact one that launches its ranks here."""
+    import runtime
+    from runtime.distributed import DEFAULT_TIMEOUT, LaunchedModel, check_world, partitioned_world
+
+    world = partitioned_world(args.artifact)
+    nproc = world if args.nproc is None else args.nproc
+    if nproc < 1:
+        raise DayzeroError(f"--nproc {nproc} is not a positive number of ranks", "--nproc")
+    if world == 1 and nproc == 1:
+        return runtime.load(args.artifact)
+    from runtime.artifact import _read_manifest
+
+    check_world(_read_manifest(Path(args.artifact)), nproc, f"--nproc {nproc}")
+    # the ranks hash their own weight shards; here only sizes and headers are read
+    return LaunchedModel(runtime.open_artifact(args.artifact, verify="size"),
+                         timeout=args.timeout or DEFAULT_TIMEOUT)
 
 
 def _sizes(items: list[str]) -> dict[str, int]:

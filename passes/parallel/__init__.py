@@ -1,0 +1,15 @@
+"""Parallel partitioning: tensor, pipeline and data parallelism over one device mesh.
+
+The passes (`shard_tensor_parallel`, `shard_data_parallel`, `propagate_sharding`) place and
+spread layouts over the mesh inside one global graph; `partition` then cuts that graph into
+pipeline stages and gives every rank its own local graph and weight shards (docs/parallel.md).
+"""
+
+from . import data_parallel, propagate, tensor_parallel  # noqa: F401  (register the passes)
+from .layout import REPLICATED, Layout
+from .mesh import Mesh
+from .partition import ParallelPlan, RankProgram, partition
+from .report import communication_report, format_report
+
+__all__ = ["REPLICATED", "Layout", "Mesh", "ParallelPlan", "RankProgram",
+           "communication_report", "format_report", "partition"]

@@ -1,0 +1,347 @@
+"""Multi-rank execution of a partitioned artifact on torch.distributed.
+
+Three ways in, one worker underneath:
+
+- `dayzero run model.dz --nproc N` (and `runtime.load` outside a distributed job) starts N ranks
+  on this machine through torch.distributed's elastic launcher (what torchrun runs), on
+  127.0.0.1 with a free port, and collects the outputs: `launch`, `LaunchedModel`.
+- torchrun on one or several machines runs `python -m runtime.distributed model.dz ...` on every
+  rank (docs/parallel.md shows the rendezvous flags): `main`.
+- inside a job that already has its ranks (torchrun running the user's script),
+  `runtime.load(path)` gives a `RankModel` that runs this rank's part; every rank calls it with
+  the same inputs and gets the outputs.
+
+Each rank checks that the world size matches the artifact, opens only its own weight shards,
+joins gloo with a collective timeout and a watchdog (`comm`), and runs its program
+(`rank_exec`); a failing rank records why before it exits, so the others exit naming it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import socket
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from compiler.errors import ArtifactError, DayzeroError
+
+from .artifact import Artifact, open_artifact
+from .artifact import _read_manifest as read_manifest
+from .comm import DEFAULT_TIMEOUT, Rendezvous, TorchCommunicator, barrier, connect
+from .convert import to_numpy
+from .specs import TensorSpec, specs_from_manifest
+from .validate import validate_inputs
+
+WORKER = "runtime.distributed"
+
+
+def world_size(manifest: dict[str, Any]) -> int:
+    return int(manifest.get("parallel", {}).get("world_size", 1))
+
+
+def output_rank(manifest: dict[str, Any]) -> int:
+    """The first rank of the last pipeline stage: it holds the whole outputs."""
+    ranks = manifest["parallel"]["ranks"]
+    last = max(r.get("coords", {}).get("pp", 0) for r in ranks)
+    return min(r["rank"] for r in ranks if r.get("coords", {}).get("pp", 0) == last)
+
+
+def check_world(manifest: dict[str, Any], actual: int, where: str) -> None:
+    want = world_size(manifest)
+    if want == actual:
+        return
+    if want == 1:
+        raise DayzeroError(f"the artifact is not partitioned (it runs on one rank), but {actual} "
+                           "were started", where, "run it without --nproc, or compile it with a "
+                           "`parallel:` config (docs/parallel.md)")
+    raise DayzeroError(f"the artifact is partitioned for {want} ranks, but {actual} were "
+                       "started", where, f"start exactly {want} ranks (--nproc {want}, or "
+                       "torchrun --nnodes x --nproc-per-node with that product)")
+
+
+class RankModel:
+    """This rank's part of a partitioned artifact, inside a running torch.distributed job.
+
+    Every rank calls it with the same inputs (numpy arrays or torch tensors) and gets the same
+    outputs, broadcast from the last pipeline stage.
+    """
+
+    def __init__(self, path: str | Path, verify: str = "full",
+                 timeout: float = DEFAULT_TIMEOUT, env: Rendezvous | None = None):
+        self.env = env or Rendezvous.from_env()
+        manifest = read_manifest(Path(path))  # the format only: the files are checked below
+        check_world(manifest, self.env.world_size, f"rank {self.env.rank}")
+        self.input_specs: list[TensorSpec] = specs_from_manifest(manifest, "inputs")
+        self.output_specs: list[TensorSpec] = specs_from_manifest(manifest, "outputs")
+        groups = [g for axis in sorted(manifest["parallel"].get("groups", {}))
+                  for g in manifest["parallel"]["groups"][axis]]
+        # join first, so that a rank failing to load is reported to the others by name
+        self.comm: TorchCommunicator = connect(self.env, groups, timeout)
+        try:
+            from .rank_exec import RankExecutor
+
+            self.artifact = open_artifact(path, verify=verify, rank=self.env.rank)
+            self.program = RankExecutor(self.artifact, self.env.rank)
+        except BaseException as exc:
+            self.comm.watchdog.fail(_describe(exc))
+            raise
+        barrier(self.comm, "loading the artifact")
+
+    @property
+    def path(self) -> Path:
+        return self.artifact.root
+
+    def __call__(self, *inputs: Any) -> tuple[np.ndarray, ...]:
+        from compiler.ir.ops.collective import bind_communicator
+
+        arrays = [np.ascontiguousarray(to_numpy(x)) for x in inputs]
+        bindings = validate_inputs(self.input_specs, arrays)
+        try:
+            with bind_communicator(self.comm):
+                outputs = self.program(arrays, bindings)
+            return tuple(self._share(outputs, bindings))
+        except BaseException as exc:
+            self.comm.watchdog.fail(_describe(exc))
+            raise
+
+    def _share(self, outputs: list, bindings: dict[str, int]) -> list[np.ndarray]:
+        """Broadcast the outputs from the output rank to every rank."""
+        import torch
+        import torch.distributed as dist
+
+        from .dims import eval_dim
+        from .rank_exec import to_torch
+
+        src = output_rank(self.artifact.manifest)
+        shared = []
+        for i, spec in enumerate(self.output_specs):
+            shape = [d if isinstance(d, int) else eval_dim(d, bindings) for d in spec.shape]
+            dtype = _torch_dtype(spec.dtype)
+            t = to_torch(outputs[i]).contiguous() if self.env.rank == src else \
+                torch.empty(shape, dtype=dtype)
+            try:
+                dist.broadcast(t, src)
+            except RuntimeError as exc:
+                raise self.comm.failure("broadcast of the outputs", [src], exc) from None
+            shared.append(to_numpy(t))
+        return shared
+
+    def close(self) -> None:
+        """Leave the process group (every rank calls it; waits for the others first)."""
+        import torch.distributed as dist
+
+        self.comm.watchdog.stop()
+        if dist.is_initialized():
+            barrier(self.comm, "shutting down")
+            dist.destroy_process_group()
+
+
+def _torch_dtype(name: str):
+    from compiler.ir import DType
+
+    return DType(name).to_torch()
+
+
+def _describe(exc: BaseException) -> str:
+    return exc.message() if isinstance(exc, DayzeroError) else f"{type(exc).__name__}: {exc}"
+
+
+# -- the worker: one rank started by a launcher -----------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m runtime.distributed ARTIFACT [--inputs FILE.npz] [--output FILE.npz]`."""
+    parser = argparse.ArgumentParser(prog=f"python -m {WORKER}",
+                                     description="one rank of a partitioned dayzero artifact")
+    parser.add_argument("artifact")
+    parser.add_argument("--inputs", help=".npz holding every model input by name")
+    parser.add_argument("--output", help=".npz to write the outputs to (by the output rank)")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+                        help="seconds a collective waits for its peers")
+    parser.add_argument("--verify", choices=("full", "size"), default="full")
+    args = parser.parse_args(argv)
+    rank = os.environ.get("RANK", "?")
+    model = None
+    try:
+        model = RankModel(args.artifact, verify=args.verify, timeout=args.timeout)
+        inputs = _read_inputs(args.inputs, model.input_specs)
+        outputs = model(*inputs)
+        if args.output and model.env.rank == output_rank(model.artifact.manifest):
+            _write_npz(Path(args.output), {s.name: o for s, o in zip(model.output_specs,
+                                                                      outputs)})
+        model.close()
+        return 0
+    except DayzeroError as exc:
+        return _fail(rank, model, exc.message())
+    except Exception as exc:
+        return _fail(rank, model, f"internal error: {type(exc).__name__}: {exc}")
+
+
+def _fail(rank: str, model: RankModel | None, message: str) -> int:
+    """Report, record for the peers and the launcher, and leave at once (no hanging teardown)."""
+    text = message if message.startswith("rank ") else f"rank {rank}: {message}"
+    print(f"error: {text}", file=sys.stderr, flush=True)
+    if model is not None:
+        model.comm.watchdog.fail(message)
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file:
+        Path(error_file).write_text(json.dumps({"message": text, "timestamp": int(time.time())}))
+    sys.stdout.flush()
+    os._exit(1)
+
+
+def _read_inputs(path: str | None, specs: list[TensorSpec]) -> list[np.ndarray]:
+    if path is None:
+        raise DayzeroError("no --inputs file given", "worker arguments",
+                           "write the inputs with numpy.savez(NAME=array, ...)")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    except (OSError, ValueError) as exc:
+        raise DayzeroError(f"cannot read inputs {path}: {exc}", path) from None
+    missing = [s.name for s in specs if s.name not in arrays]
+    if missing:
+        raise DayzeroError(f"inputs file {path} has no {', '.join(missing)}", path)
+    return [arrays[s.name] for s in specs]
+
+
+def _write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npz.tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# -- launching ranks on this machine ----------------------------------------------------------
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the launcher binds it right after)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(artifact: str | Path, nproc: int, inputs: dict[str, np.ndarray], *,
+           timeout: float = DEFAULT_TIMEOUT, verify: str = "full") -> dict[str, np.ndarray]:
+    """Run a partitioned artifact on `nproc` local ranks; returns the outputs by name."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    with tempfile.TemporaryDirectory(prefix="dayzero-run-") as tmp:
+        in_path, out_path = Path(tmp) / "inputs.npz", Path(tmp) / "outputs.npz"
+        _write_npz(in_path, inputs)
+        config = LaunchConfig(
+            min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex,
+            rdzv_backend="static", rdzv_endpoint=f"127.0.0.1:{free_port()}",
+            rdzv_configs={"rank": 0, "timeout": int(timeout)}, max_restarts=0,
+            monitor_interval=0.1, local_addr="127.0.0.1")
+        args = ["-m", WORKER, str(artifact), "--inputs", str(in_path), "--output",
+                str(out_path), "--timeout", str(timeout), "--verify", verify]
+        threads = max(1, (os.cpu_count() or 1) // nproc)
+        saved = os.environ.get("OMP_NUM_THREADS")
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+        try:
+            with _quiet_launcher():
+                elastic_launch(config, sys.executable)(*args)
+        except ChildFailedError as exc:
+            raise _launch_error(exc) from None
+        finally:
+            if saved is None:
+                os.environ.pop("OMP_NUM_THREADS", None)
+        with np.load(out_path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+
+
+def _launch_error(exc) -> DayzeroError:
+    """One message for the parent: the ranks that failed by themselves, and who was stopped.
+
+    When one rank fails the launcher stops the others with SIGTERM; those are consequences.
+    """
+    failures = dict(exc.failures)
+    causes = {r: f for r, f in failures.items() if f.exitcode >= 0} or failures
+    stopped = sorted(set(failures) - set(causes))
+    lines = []
+    for rank, failure in sorted(causes.items()):
+        text = str(failure.message or f"exited with code {failure.exitcode}").splitlines()[0]
+        lines.append(f"rank {rank} failed: {text.removeprefix(f'rank {rank}: ')}")
+    if stopped:
+        lines.append(f"rank(s) {', '.join(map(str, stopped))} were stopped by the launcher")
+    first = min(causes) if causes else "?"
+    return DayzeroError("; ".join(lines), f"rank {first}",
+                        f"fix what rank {first} reports (its full error is above) and run again")
+
+
+@contextlib.contextmanager
+def _quiet_launcher():
+    """The launcher logs each stop and failure; the ranks and `_launch_error` say it better."""
+    log = logging.getLogger("torch.distributed.elastic")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+class LaunchedModel:
+    """A partitioned artifact called from a plain process: each call launches its ranks."""
+
+    def __init__(self, artifact: Artifact, verify: str = "full",
+                 timeout: float = DEFAULT_TIMEOUT):
+        self.artifact, self.verify, self.timeout = artifact, verify, timeout
+        self.nproc = world_size(artifact.manifest)
+        self.input_specs = specs_from_manifest(artifact.manifest, "inputs")
+        self.output_specs = specs_from_manifest(artifact.manifest, "outputs")
+
+    @property
+    def path(self) -> Path:
+        return self.artifact.root
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        return self.artifact.manifest
+
+    def __repr__(self) -> str:
+        return f"LaunchedModel({str(self.path)!r}, {self.nproc} ranks)"
+
+    def __call__(self, *inputs: Any) -> tuple[np.ndarray, ...]:
+        arrays = [np.ascontiguousarray(to_numpy(x)) for x in inputs]
+        validate_inputs(self.input_specs, arrays)
+        named = {s.name: a for s, a in zip(self.input_specs, arrays)}
+        out = launch(self.path, self.nproc, named, timeout=self.timeout, verify=self.verify)
+        missing = [s.name for s in self.output_specs if s.name not in out]
+        if missing:
+            raise ArtifactError(f"the ranks returned no {', '.join(missing)}", str(self.path))
+        return tuple(out[s.name] for s in self.output_specs)
+
+
+def partitioned_world(path: str | Path) -> int:
+    """The world size an artifact was partitioned for (1 for a single-rank artifact)."""
+    return world_size(read_manifest(Path(path)))
+
+
+def load_partitioned(path: str | Path, verify: str = "full"):
+    """`runtime.load` for a partitioned artifact: this rank's part inside a torch.distributed
+    job (a launcher set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), else a model that launches
+    the ranks on this machine on each call."""
+    if all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
+        return RankModel(path, verify=verify)
+    # each rank hashes its own weight shards; the launching process reads sizes and headers
+    return LaunchedModel(open_artifact(path, verify="size"), verify=verify)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
