@@ -24,6 +24,7 @@ BackendRef = Union[type[Backend], str]
 BUILTINS: dict[str, str] = {
     "reference": "backends.reference:ReferenceBackend",
     "onnxruntime": "backends.onnxruntime:OnnxRuntimeBackend",
+    "triton": "backends.triton:TritonBackend",
 }
 
 # Backends registered at run time with `register`; they take precedence over entry points.

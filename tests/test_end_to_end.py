@@ -27,12 +27,17 @@ def build(name: str):
 
 def resized(example: torch.Tensor, spec, size: int | None, seed: int) -> torch.Tensor:
     """An input like `example`, with every symbolic dim set to `size`."""
-    shape = [d if isinstance(d, int) else (size or example.shape[i])
+    shape = [d if isinstance(d, int) else _within(size or example.shape[i], spec.ranges[d])
              for i, d in enumerate(spec.shape)]
     gen = torch.Generator().manual_seed(seed)
     if example.dtype.is_floating_point:
         return torch.randn(shape, generator=gen, dtype=example.dtype)
     return torch.randint(0, int(example.max()) + 1, shape, generator=gen, dtype=example.dtype)
+
+
+def _within(size: int, bounds) -> int:
+    lo, hi = bounds
+    return max(lo, size if hi is None else min(size, hi))
 
 
 def eager_outputs(model, inputs) -> list[np.ndarray]:

@@ -4,18 +4,26 @@ from __future__ import annotations
 
 import sys
 
+from ..errors import DayzeroError
 from ..log import StageLog
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("compile", help="compile a model SPEC into an artifact")
-    p.add_argument("spec", metavar="SPEC", help="path/to/file.py:function")
+    p.add_argument("spec", metavar="SPEC",
+                   help="path/to/file.py:function, or a Hugging Face checkpoint folder")
     p.add_argument("-o", "--out", required=True, metavar="OUT.dz")
     p.add_argument("--backend", default="onnxruntime")
+    p.add_argument("--fallback", metavar="NAME",
+                   help="backend for the nodes --backend does not support (e.g. --backend triton "
+                        "--fallback onnxruntime)")
     p.add_argument("--config", metavar="FILE.yaml")
     p.add_argument("--dump-ir", metavar="DIR", help="write the IR after every pass into DIR")
     p.add_argument("--passes", metavar="a,b,c", help="pass pipeline (overrides the config)")
     p.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    p.add_argument("--seq-len", metavar="MIN:MAX",
+                   help="checkpoint SPEC: range of the dynamic sequence length of input_ids "
+                        "(default 2:min(max_position_embeddings, 4096)); N for a static N")
     p.set_defaults(handler=compile_command)
 
 
@@ -24,10 +32,25 @@ def compile_command(args) -> int:
     from ..spec import load_spec
 
     log = StageLog(sys.stderr)
+    seq_range = _seq_range(args.seq_len)
     with log.stage("load", args.spec):
-        spec = load_spec(args.spec)
+        spec = load_spec(args.spec, seq_range=seq_range)
+        if spec.checkpoint is not None:
+            log.line(f"  {spec.checkpoint.describe()}")
+        elif seq_range is not None:
+            raise DayzeroError("--seq-len applies to checkpoint folders only", args.spec,
+                               "set the sequence range in the SPEC function's dynamic_shapes")
     compile(spec.module, spec.example_inputs, out=args.out, backend=args.backend,
             dynamic_shapes=spec.dynamic_shapes, config=args.config, passes=args.passes,
-            dump_ir=args.dump_ir, force=args.force, log=log)
+            dump_ir=args.dump_ir, force=args.force, log=log, checkpoint=spec.checkpoint,
+            fallback=args.fallback)
     print(args.out)
     return 0
+
+
+def _seq_range(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    from ..checkpoint import parse_seq_range
+
+    return parse_seq_range(text)

@@ -1,0 +1,145 @@
+"""Triton expressions for single IR ops: the table the kernel generator reads.
+
+Each elementwise op maps to a function (operand expressions, attributes, dtype) -> expression
+string; floating values are computed in fp32 inside kernels and cast on store. Ops or attribute
+values missing here are not generated (the backend reports them as unsupported, so the
+partitioner sends them to the fallback). Tables, not if-chains: adding an op is one line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+Emit = Callable[[list[str], Mapping[str, Any]], str]
+
+_SQRT1_2 = "0.7071067811865476"
+
+
+def _f(template: str) -> Emit:
+    return lambda a, attrs: template.format(*a, **attrs)
+
+
+def _tanh(x: str) -> str:
+    return f"(2.0 * tl.sigmoid(2.0 * ({x})) - 1.0)"
+
+
+def _gelu(a: list[str], attrs: Mapping[str, Any]) -> str:
+    x = a[0]
+    if attrs.get("approximate", "none") == "tanh":
+        inner = f"0.7978845608028654 * (({x}) + 0.044715 * ({x}) * ({x}) * ({x}))"
+        return f"(0.5 * ({x}) * (1.0 + {_tanh(inner)}))"
+    return f"(0.5 * ({x}) * (1.0 + tl.erf(({x}) * {_SQRT1_2})))"
+
+
+def _clamp(a: list[str], attrs: Mapping[str, Any]) -> str:
+    x = a[0]
+    if attrs.get("min") is not None:
+        x = f"tl.maximum({x}, {float(attrs['min'])!r})"
+    if attrs.get("max") is not None:
+        x = f"tl.minimum({x}, {float(attrs['max'])!r})"
+    return x
+
+
+ELEMENTWISE: dict[str, Emit] = {
+    "add": _f("({0} + {1})"),
+    "sub": _f("({0} - {1})"),
+    "mul": _f("({0} * {1})"),
+    "div": _f("({0} / {1})"),
+    "neg": _f("(-{0})"),
+    "abs": _f("tl.abs({0})"),
+    "exp": _f("tl.exp({0})"),
+    "exp2": _f("tl.exp2({0})"),
+    "log": _f("tl.log({0})"),
+    "log2": _f("tl.log2({0})"),
+    "log1p": _f("tl.log(1.0 + {0})"),
+    "expm1": _f("(tl.exp({0}) - 1.0)"),
+    "sqrt": _f("tl.sqrt({0})"),
+    "rsqrt": _f("tl.rsqrt({0})"),
+    "reciprocal": _f("(1.0 / {0})"),
+    "sigmoid": _f("tl.sigmoid({0})"),
+    "tanh": lambda a, attrs: _tanh(a[0]),
+    "relu": _f("tl.maximum({0}, 0.0)"),
+    "silu": _f("({0} * tl.sigmoid({0}))"),
+    "gelu": _gelu,
+    "erf": _f("tl.erf({0})"),
+    "sin": _f("tl.sin({0})"),
+    "cos": _f("tl.cos({0})"),
+    "floor": _f("tl.floor({0})"),
+    "ceil": _f("tl.ceil({0})"),
+    "maximum": _f("tl.maximum({0}, {1})"),
+    "minimum": _f("tl.minimum({0}, {1})"),
+    "clamp": _clamp,
+    "leaky_relu": _f("tl.where({0} > 0, {0}, {0} * {negative_slope!r})"),
+    "elu": _f("tl.where({0} > 0, {0}, {alpha!r} * (tl.exp({0}) - 1.0))"),
+    "hardsigmoid": _f("tl.minimum(tl.maximum({0} / 6.0 + 0.5, 0.0), 1.0)"),
+    "hardswish": _f("({0} * tl.minimum(tl.maximum({0} / 6.0 + 0.5, 0.0), 1.0))"),
+    "where": _f("tl.where({0}, {1}, {2})"),
+    "eq": _f("({0} == {1})"),
+    "ne": _f("({0} != {1})"),
+    "lt": _f("({0} < {1})"),
+    "le": _f("({0} <= {1})"),
+    "gt": _f("({0} > {1})"),
+    "ge": _f("({0} >= {1})"),
+    "logical_and": _f("(({0} != 0) & ({1} != 0))"),
+    "logical_or": _f("(({0} != 0) | ({1} != 0))"),
+    "logical_not": _f("({0} == 0)"),
+    "bitwise_and": _f("({0} & {1})"),
+    "bitwise_or": _f("({0} | {1})"),
+    "bitwise_xor": _f("({0} ^ {1})"),
+    "cast": _f("{0}"),  # the cast happens where the value is stored or compared
+}
+
+# pow with a constant exponent: the exponents models use (x^2 in decomposed norms, x^3 in gelu).
+POW_EXPONENTS: dict[float, str] = {
+    1.0: "({0})", 2.0: "({0} * {0})", 3.0: "({0} * {0} * {0})", 0.5: "tl.sqrt({0})",
+    -0.5: "tl.rsqrt({0})", -1.0: "(1.0 / {0})",
+}
+
+# Row reductions: op -> function(vector expr, mask, count expr, attrs) -> list of lines
+# computing the result into `{out}` (a per-row scalar, or a vector for softmax).
+ROW_OPS = ("sum", "mean", "amax", "amin", "var", "softmax", "log_softmax", "layer_norm",
+           "rms_norm")
+VECTOR_RESULT = frozenset({"softmax", "log_softmax", "layer_norm", "rms_norm"})
+
+
+def row_lines(op: str, out: str, x: str, args: list[str], attrs: Mapping[str, Any]) -> list[str]:
+    """Lines computing reduction `op` of vector `x` (masked by `mask`, length `R`) into `out`."""
+    zero = f"tl.where(mask, {x}, 0.0)"
+    if op == "sum":
+        return [f"{out} = tl.sum({zero}, axis=0)"]
+    if op == "mean":
+        return [f"{out} = tl.sum({zero}, axis=0) / R"]
+    if op in ("amax", "amin"):
+        fill, fn = ("float('-inf')", "tl.max") if op == "amax" else ("float('inf')", "tl.min")
+        return [f"{out} = {fn}(tl.where(mask, {x}, {fill}), axis=0)"]
+    if op == "var":
+        return [f"{out}_m = tl.sum({zero}, axis=0) / R",
+                f"{out}_d = tl.where(mask, {x} - {out}_m, 0.0)",
+                f"{out} = tl.sum({out}_d * {out}_d, axis=0) / (R - {int(attrs['correction'])})"]
+    if op in ("softmax", "log_softmax"):
+        lines = [f"{out}_m = tl.max(tl.where(mask, {x}, float('-inf')), axis=0)",
+                 f"{out}_e = tl.where(mask, tl.exp({x} - {out}_m), 0.0)",
+                 f"{out}_s = tl.sum({out}_e, axis=0)"]
+        if op == "softmax":
+            return [*lines, f"{out} = {out}_e / {out}_s"]
+        return [*lines, f"{out} = {x} - {out}_m - tl.log({out}_s)"]
+    eps = float(attrs["eps"])
+    if op == "layer_norm":
+        lines = [f"{out}_m = tl.sum({zero}, axis=0) / R",
+                 f"{out}_d = tl.where(mask, {x} - {out}_m, 0.0)",
+                 f"{out}_v = tl.sum({out}_d * {out}_d, axis=0) / R",
+                 f"{out} = {out}_d * tl.rsqrt({out}_v + {eps!r})"]
+    else:  # rms_norm
+        lines = [f"{out}_v = tl.sum({zero} * {zero}, axis=0) / R",
+                 f"{out} = {x} * tl.rsqrt({out}_v + {eps!r})"]
+    for extra, arg in zip(("*", "+"), args):
+        if arg is not None:
+            lines.append(f"{out} = {out} {extra} {arg}")
+    return lines
+
+# Arithmetic on bool tensors is logic in torch (True + True is True).
+BOOL_OPS = {"add": "logical_or", "mul": "logical_and", "maximum": "logical_or",
+            "minimum": "logical_and"}
+# Rounding an integer is the identity.
+INT_IDENTITY = frozenset({"floor", "ceil", "trunc", "round"})

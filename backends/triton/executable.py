@@ -1,0 +1,187 @@
+"""Running a plan: launch generated kernels, run host ops, keep intermediates in the arena.
+
+Kernels are imported from a module file written from the regenerated source (Triton's `jit`
+reads a function's source from its file, so the module must exist on disk); the file name is
+the source's sha256, so a file is only ever reused for exactly the source it was written for.
+With a memory plan (`memory_plan` in the manifest), every value the plan gives a buffer of its
+own lives in one arena allocated per run: kernels write their outputs straight into their slot,
+host-op results are copied into theirs (a view the plan did not expect, such as a permute, must
+not keep pointing at a buffer the plan reuses). Values the plan places inside another value's
+buffer are left where the op put them, which costs memory, never correctness.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from compiler.errors import InputError
+from compiler.ir import Graph, get_op, symbolic
+
+from .plan import Step, sha256
+
+_MAX_BLOCK = 1024
+
+
+def import_kernels(source: str) -> Any:
+    """The module of `source`, written under the temp dir as <sha256>.py and imported."""
+    digest = sha256(source)
+    folder = Path(tempfile.gettempdir()) / "dayzero_triton"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"k_{digest}.py"
+    if not path.exists() or path.read_text() != source:
+        tmp = folder / f".{digest}.{os.getpid()}.tmp"
+        tmp.write_text(source)
+        os.replace(tmp, path)
+    spec = importlib.util.spec_from_file_location(f"dayzero_triton_k_{digest}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+class TritonExecutable:
+    """Inputs in graph order -> outputs in graph order (numpy arrays)."""
+
+    def __init__(self, graph: Graph, weights: Mapping[str, Any], steps: list[Step],
+                 module: Any, device: str, fallbacks: Sequence[tuple[Any, Any]] = (),
+                 slots: Mapping[str, tuple[int, int]] | None = None, arena_bytes: int = 0):
+        import torch
+
+        self.graph, self.steps, self.module, self.device = graph, steps, module, device
+        self.weights = {name: torch.as_tensor(t).to(device) for name, t in weights.items()}
+        self.values = {v.name: v for v in graph.values()}
+        self.fallbacks = list(fallbacks)  # (segment with .inputs/.outputs, executable)
+        self.slots, self.arena_bytes = dict(slots or {}), arena_bytes
+        self.arena = None
+
+    def __call__(self, inputs: Sequence[Any]) -> list[Any]:
+        return [t.detach().cpu().numpy() for t in self.run_tensors(inputs)]
+
+    def run_tensors(self, inputs: Sequence[Any]) -> list[Any]:
+        """Like calling it, but outputs stay torch tensors on the device (no host copy)."""
+        import torch
+
+        if len(inputs) != len(self.graph.inputs):
+            raise InputError(f"expected {len(self.graph.inputs)} inputs, got {len(inputs)}")
+        env = {v.name: torch.as_tensor(x).to(self.device)
+               for v, x in zip(self.graph.inputs, inputs)}
+        env.update(self.weights)
+        bindings = _bind(self.graph, env)
+        self.arena = torch.empty(self.arena_bytes, dtype=torch.uint8, device=self.device) \
+            if self.slots else None
+        for step in self.steps:
+            if step.kernel is not None:
+                self._launch(step, env, bindings)
+            elif step.segment is not None:
+                self._fallback(step.segment, env)
+            else:
+                self._host(step.node, env, bindings)
+        self.arena = None
+        return [env[v.name] for v in self.graph.outputs]
+
+    def _alloc(self, name: str, shape: list[int]) -> Any:
+        import torch
+
+        dtype = self.values[name].dtype.to_torch()
+        if self.arena is not None and name in self.slots:
+            offset, size = self.slots[name]
+            nbytes = torch.Size(shape).numel() * dtype.itemsize
+            if nbytes > size:
+                raise InputError(f"%{name} needs {nbytes} bytes but its arena slot holds {size}: "
+                                 "the inputs are larger than the sizes the memory plan was made "
+                                 "for", f"value %{name}", "recompile with plan_memory at larger "
+                                 "sizes (the default plans every symbol at its upper bound)")
+            return self.arena[offset:offset + nbytes].view(dtype).view(shape)
+        return torch.empty(shape, dtype=dtype, device=self.device)
+
+    def _launch(self, step: Step, env: dict, bindings: Mapping[str, int]) -> None:
+        kernel = step.kernel
+        domain = [symbolic.evaluate(d, bindings) for d in kernel.domain]
+        ins = [env[name] for name in kernel.inputs]
+        if kernel.perm:
+            ins[0] = ins[0].permute(kernel.perm)
+        outs = []
+        for name in kernel.outputs:
+            shape = [symbolic.evaluate(d, bindings) for d in self.values[name].shape]
+            if kernel.unpermute:
+                shape = [shape[p] for p in kernel.perm]
+            outs.append(self._alloc(name, shape))
+        strides = [s for t in ins for s in t.expand(domain).stride()]
+        total = 1
+        for d in domain:
+            total *= d
+        if total:
+            if kernel.reduced:
+                count = 1
+                for d in domain[len(domain) - kernel.reduced:]:
+                    count *= d
+                grid, block = (total // max(count, 1),), _next_pow2(count)
+            else:
+                count = total
+                block = min(_MAX_BLOCK, _next_pow2(total))
+                grid = (-(-total // block),)
+            fn = getattr(self.module, kernel.name)
+            fn[grid](*ins, *outs, *domain, *strides, count, BLOCK=block)
+        if kernel.unpermute:
+            inverse = sorted(range(len(kernel.perm)), key=kernel.perm.__getitem__)
+            outs = [t.permute(inverse) for t in outs]
+        env.update(zip(kernel.outputs, outs))
+
+    def _fallback(self, index: int, env: dict) -> None:
+        """Run a fallback segment; CPU tensors cross as numpy views of the same memory."""
+        import torch
+
+        segment, run = self.fallbacks[index]
+        results = run([env[name].detach().cpu() for name in segment.inputs])
+        for name, array in zip(segment.outputs, results):
+            env[name] = torch.from_numpy(array).to(self.device)
+
+    def _host(self, node, env: dict, bindings: Mapping[str, int]) -> None:
+        args = [None if v is None else env[v.name] for v in node.inputs]
+        attrs = {k: _resolve(v, bindings) for k, v in node.attrs.items()}
+        if node.op == "scaled_dot_product_attention":
+            from .attention import attention, supported
+
+            if supported(*args[:3]):
+                results = (attention(*args, **attrs),)
+                return self._store(node, results, env)
+        result = get_op(node.op).reference(*args, **attrs)
+        results = tuple(result) if isinstance(result, (tuple, list)) else (result,)
+        self._store(node, results, env)
+
+    def _store(self, node, results: tuple, env: dict) -> None:
+        for value, tensor in zip(node.outputs, results):
+            if self.arena is not None and value.name in self.slots:
+                slot = self._alloc(value.name, list(tensor.shape))
+                slot.copy_(tensor)
+                tensor = slot
+            env[value.name] = tensor
+
+
+def _bind(graph: Graph, env: Mapping[str, Any]) -> dict[str, int]:
+    import sympy
+
+    bindings: dict[str, int] = {}
+    for value in graph.inputs:
+        for dim, size in zip(value.type.shape, env[value.name].shape):
+            if isinstance(dim, sympy.Symbol):
+                bindings.setdefault(dim.name, int(size))
+    return bindings
+
+
+def _resolve(attr: Any, bindings: Mapping[str, int]) -> Any:
+    import sympy
+
+    if isinstance(attr, sympy.Basic):
+        return symbolic.evaluate(attr, bindings)
+    if isinstance(attr, (list, tuple)):
+        return [_resolve(a, bindings) for a in attr]
+    return attr

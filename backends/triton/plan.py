@@ -1,0 +1,134 @@
+"""Which nodes become generated kernels and which run as host ops, in execution order.
+
+Fusion groups (nodes sharing a `fusion_group` attribute, contiguous, from the `fuse_groups`
+pass) become one kernel each; a group the generator cannot express is split into one kernel per
+member. Elementwise ops, reductions over trailing dims, norms and softmax outside groups get a
+kernel of their own. Everything else the backend supports runs as a host op: views and data
+movement (zero-copy where torch allows), matmul/linear through torch.matmul, attention through
+the Triton attention kernel (`attention.py`). The plan is a pure function of the graph, so the
+same kernels are regenerated at load time as at compile time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from compiler.ir import Graph, Node, Value
+
+from .codegen import Kernel, Unsupported, generate, generate_permuted
+from .emit import ELEMENTWISE, ROW_OPS
+
+KERNEL_OPS = frozenset(ELEMENTWISE) | {"pow"} | frozenset(ROW_OPS)
+MODULE_HEADER = "import triton\nimport triton.language as tl\n"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One thing the executable does: launch `kernel`, run `node` on the host, or run
+    fallback segment number `segment` on the fallback backend."""
+
+    kernel: Kernel | None = None
+    node: Node | None = None
+    segment: int | None = None
+
+
+def constants(graph: Graph) -> dict[str, float]:
+    """Numbers of 0-d constant nodes (kernels inline pow exponents from them)."""
+    out = {}
+    for node in graph.nodes:
+        if node.op == "constant" and node.output.type.rank == 0:
+            value = node.attrs["value"]
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                out[node.output.name] = float(value)
+    return out
+
+
+def _units(graph: Graph) -> list[list[Node]]:
+    units: list[list[Node]] = []
+    last = None
+    for node in graph.nodes:
+        group = node.attrs.get("fusion_group")
+        if group is not None and group == last:
+            units[-1].append(node)
+        else:
+            units.append([node])
+        last = group
+    return units
+
+
+class _Planner:
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.users = graph.users()
+        self.returned = {id(v) for v in graph.outputs}
+        self.constants = constants(graph)
+        self.steps: list[Step] = []
+
+    def unit(self, nodes: list[Node]) -> None:
+        produced = {id(v) for n in nodes for v in n.outputs}
+        pre = [n for n in nodes if n.op == "reshape" and id(n.inputs[0]) not in produced]
+        body = [n for n in nodes if n not in pre]
+        self.steps += [Step(node=n) for n in pre]
+        if len(body) > 1 and self._kernel(body):
+            return
+        for node in body:
+            if node.op not in KERNEL_OPS or not self._kernel([node]):
+                self.steps.append(Step(node=node))
+
+    def _kernel(self, nodes: list[Node]) -> bool:
+        inside = {id(n) for n in nodes}
+        produced = {id(v) for n in nodes for v in n.outputs}
+        inputs: dict[int, Value] = {}
+        for node in nodes:
+            for v in node.inputs:
+                if v is not None and id(v) not in produced and not _inlined(node, v, self):
+                    inputs.setdefault(id(v), v)
+        outputs = [v for n in nodes for v in n.outputs if id(v) in self.returned
+                   or any(id(u) not in inside for u in self.users.get(v, []))]
+        name = f"k{len([s for s in self.steps if s.kernel])}_{nodes[0].op}"
+        try:
+            kernel = generate(name, nodes, list(inputs.values()), outputs, self.constants)
+        except Unsupported:
+            if len(nodes) > 1 or len(outputs) != 1:
+                return False
+            try:
+                kernel = generate_permuted(name, nodes[0])
+            except Unsupported:
+                return False
+        self.steps.append(Step(kernel=kernel))
+        return True
+
+
+def _inlined(node: Node, value: Value, planner: _Planner) -> bool:
+    """pow's constant exponent is written into the kernel, not loaded."""
+    return node.op == "pow" and value is node.inputs[1] and value.name in planner.constants
+
+
+def plan(graph: Graph, foreign: Mapping[str, int] | None = None) -> list[Step]:
+    """The executable's steps for `graph` (deterministic: same graph, same kernels).
+
+    `foreign` maps nodes (by first output name) tagged for the fallback to their segment."""
+    foreign = foreign or {}
+    planner = _Planner(graph)
+    for nodes in _units(graph):
+        if not any(n.outputs[0].name in foreign for n in nodes):
+            planner.unit(nodes)
+            continue
+        for node in nodes:
+            segment = foreign.get(node.outputs[0].name)
+            if segment is None:
+                planner.unit([node])
+            elif not planner.steps or planner.steps[-1].segment != segment:
+                planner.steps.append(Step(segment=segment))
+    return planner.steps
+
+
+def module_source(steps: list[Step]) -> str:
+    """The Python module holding every kernel of a plan."""
+    return MODULE_HEADER + "".join(f"\n\n{s.kernel.source}" for s in steps if s.kernel)
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
