@@ -90,6 +90,8 @@ _NUMPY_NAMES = {
     DType.f64: "float64", DType.f32: "float32", DType.f16: "float16", DType.i64: "int64",
     DType.i32: "int32", DType.i16: "int16", DType.i8: "int8", DType.u8: "uint8", DType.bool: "bool",
 }
-_ML_DTYPES_NAMES = {DType.bf16: "bfloat16", DType.f8e4m3: "float8_e4m3fn", DType.f8e5m2: "float8_e5m2"}
+_ML_DTYPES_NAMES = {
+    DType.bf16: "bfloat16", DType.f8e4m3: "float8_e4m3fn", DType.f8e5m2: "float8_e5m2",
+}
 
 DTYPE_NAMES = frozenset(d.value for d in DType)

@@ -108,16 +108,18 @@ class Graph:
             self.weight_data[name] = data
         return value
 
-    def add_node(self, op: str, inputs: Iterable[Value | None], attrs: Mapping[str, Any] | None = None,
+    def add_node(self, op: str, inputs: Iterable[Value | None],
+                 attrs: Mapping[str, Any] | None = None,
                  output_types: list[TensorType] | None = None, loc: str | None = None,
                  names: list[str] | None = None, before: Node | None = None) -> Node:
-        """Append (or insert before `before`) a node; output types default to the op's shape rule."""
+        """Append (or insert before `before`) a node; output types default to the shape rule."""
         from .ops import get_op
 
         inputs = list(inputs)
         attrs = get_op(op).complete_attrs(dict(attrs or {}))
         if output_types is None:
-            output_types = get_op(op).infer([v.type if v is not None else None for v in inputs], attrs)
+            operand_types = [v.type if v is not None else None for v in inputs]
+            output_types = get_op(op).infer(operand_types, attrs)
         names = names or [None] * len(output_types)
         outputs = [Value(self.fresh_name(n), t) for n, t in zip(names, output_types)]
         node = Node(op, inputs, attrs, outputs, loc)

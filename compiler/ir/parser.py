@@ -12,7 +12,13 @@ from pathlib import Path
 
 import sympy
 from lark import Lark, Token, Transformer, Tree, v_args
-from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+from lark.exceptions import (
+    UnexpectedCharacters,
+    UnexpectedEOF,
+    UnexpectedInput,
+    UnexpectedToken,
+    VisitError,
+)
 
 from ..errors import IRParseError
 from . import symbolic
@@ -111,6 +117,29 @@ class _Builder:
     def where(self, meta) -> str:
         return f"{self.source}: line {meta.line}, column {meta.column}"
 
+    def literal(self, tree: Tree, meta):
+        """A literal's value; errors inside the transformer come out as IRParseErrors here."""
+        try:
+            return _value(self.literals.transform(tree))
+        except VisitError as exc:
+            orig = exc.orig_exc
+            if isinstance(orig, IRParseError):
+                raise IRParseError(orig.what, f"{self.source}: {orig.where}", orig.fix) from None
+            raise IRParseError(f"cannot evaluate size expression: {orig}",
+                               self.where(meta)) from None
+
+    def check_attr_symbols(self, key: str, value, meta) -> None:
+        """A bare name in an attribute is a dtype or a declared size symbol, nothing else."""
+        items = value if isinstance(value, list) else [value]
+        for item in items:
+            for name in symbolic.free_symbols(item) if isinstance(item, sympy.Basic) else ():
+                if name not in self.graph.symbols:
+                    raise IRParseError(
+                        f"attribute {key}: '{name}' is neither a dtype nor a declared size symbol",
+                        self.where(meta),
+                        f"use a dtype ({', '.join(sorted(DTYPE_NAMES))}) or declare "
+                        f"'symbol {name} in [lo, hi]'")
+
     def type(self, tree: Tree) -> TensorType:
         dtype_tok, *dims = tree.children
         if dtype_tok not in DTYPE_NAMES:
@@ -119,7 +148,7 @@ class _Builder:
         dims = [] if dims == [None] else dims
         shape = []
         for d in dims:
-            dim = _value(self.literals.transform(d))
+            dim = self.literal(d, tree.meta)
             for name in symbolic.free_symbols(dim):
                 if name not in self.graph.symbols:
                     raise IRParseError(f"size symbol '{name}' is not declared",
@@ -135,7 +164,8 @@ class _Builder:
         table = self.values if tree.data == "value_ref" else self.graph.weights
         if name not in table:
             kind = "value" if tree.data == "value_ref" else "weight"
-            raise IRParseError(f"{kind} '{tok}' is used before it is defined", self.where(tree.meta),
+            raise IRParseError(f"{kind} '{tok}' is used before it is defined",
+                               self.where(tree.meta),
                                "define it earlier (SSA: every value is defined once, before use)")
         return table[name]
 
@@ -171,14 +201,16 @@ class _Builder:
         try:
             opdef = get_op(str(op_tok))
         except ShapeError as exc:
-            raise IRParseError(str(exc), self.where(stmt.meta), "see docs/ops.md for the op set")
+            raise IRParseError(str(exc), self.where(stmt.meta),
+                               "see docs/ops.md for the op set") from None
         inputs = [self.ref(a) for a in (args.children if args is not None else [])]
         attr_values = {}
         for attr in (attrs.children if attrs is not None else []):
             if attr is None:
                 continue
             key, lit = attr.children
-            attr_values[str(key)] = _value(self.literals.transform(lit))
+            attr_values[str(key)] = self.literal(lit, attr.meta)
+            self.check_attr_symbols(str(key), attr_values[str(key)], attr.meta)
         declared = [self.type(r.children[1]) for r in results.children]
         try:
             opdef.check_arity(len(inputs))
@@ -188,12 +220,13 @@ class _Builder:
             raise IRParseError(f"{op_tok}: {exc}", self.where(stmt.meta)) from None
         for got, want, r in zip(declared, inferred, results.children):
             if not _same_type(got, want):
-                raise IRParseError(f"result {r.children[0]} is declared {got} but {op_tok} gives {want}",
-                                   self.where(r.meta), f"declare it as {want}")
+                raise IRParseError(f"result {r.children[0]} is declared {got} but {op_tok} "
+                                   f"gives {want}", self.where(r.meta), f"declare it as {want}")
         if len(declared) != len(inferred):
             raise IRParseError(f"{op_tok} has {len(inferred)} results, {len(declared)} declared",
                                self.where(stmt.meta))
-        outputs = [self.define(r.children[0], t, r.meta) for r, t in zip(results.children, declared)]
+        outputs = [self.define(r.children[0], t, r.meta)
+                   for r, t in zip(results.children, declared)]
         where = json.loads(loc.children[0]) if loc is not None else None
         self.graph.nodes.append(Node(str(op_tok), inputs, attr_values, outputs, where))
 
@@ -211,7 +244,7 @@ def parse_ir(text: str, source: str = "<dzir>") -> Graph:
         raise _syntax_error(exc, text, source) from None
     builder = _Builder(source)
     name_tok, *stmts = tree.children
-    builder.graph.name = str(name_tok)
+    builder.graph.name = json.loads(name_tok) if name_tok.type == "STRING" else str(name_tok)
     for stmt in stmts:
         builder.statement(stmt)
     return builder.graph

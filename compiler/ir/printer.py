@@ -12,6 +12,7 @@ from .dtypes import DType
 from .graph import Graph, Node, Value
 
 _PLAIN = re.compile(r"[A-Za-z0-9_.]+\Z")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")  # a graph name that needs no quotes
 
 
 def _ref(sigil: str, name: str) -> str:
@@ -50,13 +51,14 @@ def format_node(node: Node, graph: Graph | None = None) -> str:
     text = f"{results} = {node.op}({args})"
     if node.attrs:
         text += " {" + ", ".join(f"{k}={format_attr(v)}" for k, v in node.attrs.items()) + "}"
-    if node.loc:
+    if node.loc is not None:
         text += f" loc({json.dumps(node.loc)})"
     return text
 
 
 def print_ir(graph: Graph) -> str:
-    lines = [f"graph {graph.name} {{"]
+    title = graph.name if _NAME.match(graph.name) else json.dumps(graph.name)
+    lines = [f"graph {title} {{"]
     for name, (lo, hi) in graph.symbols.items():
         lines.append(f"  symbol {name} in [{lo}, {'inf' if hi is None else hi}]")
     for value in graph.inputs:

@@ -67,7 +67,7 @@ def evaluate(dim: Dim, bindings: Mapping[str, int]) -> int:
 
 
 def upper_bound(dim: Dim, ranges: Mapping[str, tuple[int, int | None]]) -> int | None:
-    """Largest value a dim can take given symbol ranges (None if unbounded); sizes grow with symbols."""
+    """Largest value of a dim given symbol ranges (None if unbounded); sizes grow with symbols."""
     dim = normalize(dim)
     if isinstance(dim, int):
         return dim

@@ -52,7 +52,9 @@ def verify(graph: Graph) -> None:
         _check_node_types(graph, node)
         for value in node.outputs:
             define(value, node)
-    for value in graph.outputs:
+    for index, value in enumerate(graph.outputs):
+        if value is None:
+            _fail(graph, None, f"graph output {index} is missing (None)")
         if id(value) not in defined:
             _fail(graph, None, f"graph output {value.name} is not defined in the graph")
 

@@ -41,9 +41,10 @@ def _any_all(fn_name):
 
 
 for _name in ["sum", "mean", "amax", "amin"]:
-    define(_name, "x", rules.reduce(), _reduce(_name), "reduction", f"{_name} over dims",
-           dims=[], keepdim=False)
-define("prod", "x", rules.reduce(), _prod, "reduction", "product over dims", dims=[], keepdim=False)
+    define(_name, "x", rules.reduce(accumulate=_name == "sum"), _reduce(_name), "reduction",
+           f"{_name} over dims", dims=[], keepdim=False)
+define("prod", "x", rules.reduce(accumulate=True), _prod, "reduction", "product over dims",
+       dims=[], keepdim=False)
 for _name in ["any", "all"]:
     define(_name, "x", rules.reduce(DType.bool), _any_all(_name), "reduction",
            f"logical {_name} over dims", dims=[], keepdim=False)
@@ -78,5 +79,5 @@ define("softmax", "x", rules.unary, _softmax("softmax"), "reduction",
        "exp(x - max) / sum(exp(x - max)) along dim", dim=-1)
 define("log_softmax", "x", rules.unary, _softmax("log_softmax"), "reduction",
        "x - max - log(sum(exp(x - max))) along dim", dim=-1)
-define("cumsum", "x", rules.unary, lambda x, dim: _torch().cumsum(x, dim=dim), "reduction",
+define("cumsum", "x", rules.cumulative, lambda x, dim: _torch().cumsum(x, dim=dim), "reduction",
        "inclusive prefix sum along dim", dim=-1)

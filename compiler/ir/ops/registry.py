@@ -23,6 +23,13 @@ KINDS = frozenset({
 })
 
 
+# Attributes any node may carry that record provenance, not meaning: `origin` (the export-level
+# nodes a fused node replaced, "%name op") and `fusion_group` (the id of the group of nodes a
+# kernel generator emits as one kernel). Shape rules ignore them and `reference` never receives
+# them (unless an op declares an attribute of that name itself).
+META_ATTRS = ("origin", "fusion_group")
+
+
 class ShapeError(ValueError):
     """Operand types an op cannot accept; the verifier adds where it happened."""
 
@@ -42,6 +49,8 @@ class OpDef:
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"op {self.name}: unknown kind {self.kind}")
+        meta = tuple(name for name in META_ATTRS if name not in self.attrs)
+        object.__setattr__(self, "reference", _without_meta(self.reference, meta))
 
     @property
     def variadic(self) -> bool:
@@ -55,7 +64,7 @@ class OpDef:
 
     def complete_attrs(self, attrs: dict[str, Any]) -> dict[str, Any]:
         """Fill defaults; reject unknown and missing attributes."""
-        unknown = set(attrs) - set(self.attrs)
+        unknown = set(attrs) - set(self.attrs) - set(META_ATTRS)
         if unknown:
             raise ShapeError(f"{self.name} has no attribute(s) {sorted(unknown)}; "
                              f"it takes {sorted(self.attrs)}")
@@ -67,7 +76,22 @@ class OpDef:
                 raise ShapeError(f"{self.name} needs attribute {name}")
             else:
                 full[name] = default
+        full.update((name, attrs[name]) for name in META_ATTRS if name in attrs)
         return full
+
+
+def _without_meta(reference: Callable[..., Any], meta: tuple[str, ...]) -> Callable[..., Any]:
+    """`reference` called with node attributes minus the provenance-only `meta` ones."""
+    if getattr(reference, "drops_meta", False) or not meta:
+        return reference
+
+    def run(*args, **attrs):
+        for name in meta:
+            attrs.pop(name, None)
+        return reference(*args, **attrs)
+    run.drops_meta = True
+    run.__doc__ = reference.__doc__
+    return run
 
 
 OPS: dict[str, OpDef] = {}

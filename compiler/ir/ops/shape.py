@@ -73,9 +73,23 @@ define("expand", "x", _expand_rule, lambda x, shape: x.expand(list(shape)), "vie
        "broadcast to a larger shape without copying", shape=REQUIRED)
 
 
+_OPEN_END = 2**62  # torch.export writes sys.maxsize for an open end (`x[1:]`)
+
+
+def _slice_bound(index: Dim, size: Dim) -> Dim:
+    """A bound on a symbolic dim the way torch reads it: negative counts from the end, an open
+    end is the size. Other bounds are taken as in range (torch.export guards them so)."""
+    if isinstance(index, int) and index < 0:
+        return size + index
+    if isinstance(index, int) and index >= _OPEN_END:
+        return size
+    return index
+
+
 def _slice_len(size: Dim, start: Dim, end: Dim, step: int) -> Dim:
     if all(isinstance(v, int) for v in (size, start, end)):
         return len(range(*slice(start, end, step).indices(size)))
+    start, end = _slice_bound(start, size), _slice_bound(end, size)
     return normalize(sympy.ceiling((sympy.sympify(end) - start) / step))
 
 

@@ -84,11 +84,21 @@ def reduced_shape(shape, dims, keepdim: bool):
     return tuple(d for i, d in enumerate(shape) if i not in axes)
 
 
-def reduce(dtype: DType | None = None):
+def accumulated(dtype: DType) -> DType:
+    """torch sums and multiplies integers and bools in i64 (aten's default for sum/prod/cumsum)."""
+    return dtype if dtype.is_float else DType.i64
+
+
+def reduce(dtype: DType | None = None, accumulate: bool = False):
     def rule(types, attrs):
         shape = reduced_shape(types[0].shape, attrs["dims"], attrs["keepdim"])
-        return [TensorType(dtype or types[0].dtype, shape)]
+        out = dtype or (accumulated(types[0].dtype) if accumulate else types[0].dtype)
+        return [TensorType(out, shape)]
     return rule
+
+
+def cumulative(types, attrs):
+    return [types[0].with_dtype(accumulated(types[0].dtype))]
 
 
 def arg_reduce(types, attrs):
