@@ -4,8 +4,8 @@
 asked for. See docs/backends.md for writing a backend plugin.
 """
 
-from .base import ArtifactView, Backend, Capabilities, Executable, WeightLocation
+from .base import ArtifactView, Backend, Capabilities, Executable, Observer, WeightLocation
 from .registry import ENTRY_POINT_GROUP, available, get, register, unregister
 
 __all__ = ["ENTRY_POINT_GROUP", "ArtifactView", "Backend", "Capabilities", "Executable",
-           "WeightLocation", "available", "get", "register", "unregister"]
+           "Observer", "WeightLocation", "available", "get", "register", "unregister"]

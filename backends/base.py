@@ -45,6 +45,12 @@ class Executable(Protocol):
     def __call__(self, inputs: Sequence[Any]) -> list[Any]: ...
 
 
+class Observer(Protocol):
+    """A loaded model that also returns intermediate values: (outputs, {IR value name: array})."""
+
+    def __call__(self, inputs: Sequence[Any]) -> tuple[list[Any], dict[str, Any]]: ...
+
+
 class ArtifactView(Protocol):
     """What a backend's `load` sees of an artifact (implemented by `runtime.artifact.Artifact`)."""
 
@@ -79,3 +85,11 @@ class Backend(ABC):
     @abstractmethod
     def load(self, artifact: ArtifactView) -> Executable:
         """An executable for a finished artifact; must not execute code stored in it."""
+
+    def observe(self, artifact: ArtifactView, values: Sequence[str]) -> Observer | None:
+        """Optional, for `dayzero align`: like `load`, but each call also returns the
+        intermediate `values` (IR value names of the artifact's graph) as computed, so they
+        can be compared layer by layer with the reference. Values the backend does not
+        materialize under their IR name may be left out. None (the default): this backend
+        cannot expose intermediates, and align compares the outputs only."""
+        return None

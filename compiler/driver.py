@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ def compile(model, example_inputs: tuple, out: str | Path = "model.dz",
             config: Mapping[str, Any] | str | Path | None = None, *, passes: str | None = None,
             dump_ir: str | Path | None = None, force: bool = False,
             log: StageLog | None = None, checkpoint: Any = None,
-            fallback: str | None = None) -> Path:
+            fallback: str | None = None, report: Callable[[str], None] | None = None) -> Path:
     """Compile `model` into an artifact directory at `out` and return its path.
 
     `passes` (a pipeline string) overrides the config's `passes:`; `dump_ir` writes the IR after
@@ -27,6 +27,7 @@ def compile(model, example_inputs: tuple, out: str | Path = "model.dz",
     exported graph's weights to the checkpoint's shards, streamed into the artifact.
     `fallback` names a backend for the nodes `backend` does not support (the backend must
     accept a `fallback` option, as triton does: it partitions by capabilities).
+    `report` receives the fusion report (op counts before and after, patterns that fired).
     """
     from .frontend import export
 
@@ -43,33 +44,44 @@ def compile(model, example_inputs: tuple, out: str | Path = "model.dz",
         log.line(f"  {len(graph.nodes)} nodes, {len(graph.weights)} weights")
     if checkpoint is None:
         return lower_and_write(graph, out, target, cfg, passes=passes, dump_ir=dump_ir,
-                               force=force, log=log, fallback=fallback)
+                               force=force, log=log, fallback=fallback, report=report)
     graph = checkpoint.bind(graph, log)
     with checkpoint.streaming(log) as progress:
         return lower_and_write(graph, out, target, cfg, passes=passes, dump_ir=dump_ir,
-                               force=force, log=log, progress=progress, fallback=fallback)
+                               force=force, log=log, progress=progress, fallback=fallback,
+                               report=report)
 
 
 def lower_and_write(graph: Graph, out: Path, target, cfg: CompileConfig, *,
                     passes: str | None, dump_ir, force: bool, log: StageLog,
-                    progress: Any = None, fallback: str | None = None) -> Path:
+                    progress: Any = None, fallback: str | None = None,
+                    report: Callable[[str], None] | None = None) -> Path:
     """Run the pipeline on an exported graph and write the artifact for `target`.
 
     `progress` (total weight bytes -> callback or None) replaces the plain progress bar.
     """
     from passes import DEFAULT_PIPELINE, PassManager, format_pipeline, parse_pipeline
+    from passes.fusion.decompose import decompose_unsupported
+    from passes.fusion.report import fusion_report, op_counts, records_of
     from passes.plan_memory import memory_plan_for
     from runtime.artifact import write_artifact
 
     pipeline = parse_pipeline(passes or (",".join(cfg.passes) if cfg.passes else DEFAULT_PIPELINE))
     pipeline = _with_precision(pipeline, cfg)
     manager = PassManager(pipeline, dump_dir=dump_ir, log=log.line)
+    before = op_counts(graph)  # passes change the graph in place
     with log.stage("passes", format_pipeline(pipeline)):
         graph = manager.run(graph)
+    if report is not None:
+        report(fusion_report(before, graph, records_of(manager)))
     if _world_size(cfg) > 1:
         return _write_partitioned(graph, out, target, cfg, format_pipeline(pipeline),
                                   dump_ir=dump_ir, force=force, log=log)
-    _check_supported(graph, target, fallback=_backend(fallback) if fallback else None)
+    fallback_target = _backend(fallback) if fallback else None
+    # fused ops a backend has no kernel for run as their decomposition into primitive ops
+    decompose_unsupported(graph, lambda n: target.supports(n) or (
+        fallback_target is not None and fallback_target.supports(n)))
+    _check_supported(graph, target, fallback=fallback_target)
     options = {"fallback": fallback} if fallback else {}
     extra = {"pipeline": format_pipeline(pipeline),
              "config": {"parallel": cfg.parallel, "precision": cfg.precision,

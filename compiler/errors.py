@@ -1,8 +1,8 @@
 """User-facing errors.
 
-Every failure a user can cause (bad model, bad input, bad file) is a `DayzeroError` that says what is
-wrong, where, and what to do. The CLI prints it as one message without a traceback; internal bugs
-stay ordinary exceptions so they keep their tracebacks.
+Every failure a user can cause (bad model, bad input, bad file) is a `DayzeroError` that says
+what is wrong, where, and what to do. The CLI prints it as one message without a traceback;
+internal bugs stay ordinary exceptions so they keep their tracebacks.
 """
 
 from __future__ import annotations

@@ -25,14 +25,15 @@ class ModelSpec:
     example_inputs: tuple
     dynamic_shapes: Any
     source: str
+    checkpoint: Any = None  # a compiler.checkpoint.Checkpoint when SPEC is a checkpoint folder
 
 
-def load_spec(spec: str) -> ModelSpec:
+def load_spec(spec: str, seq_range: tuple[int, int] | None = None) -> ModelSpec:
+    """The model a SPEC names; `seq_range` bounds a checkpoint's dynamic sequence length."""
+    if Path(spec).is_dir():
+        return _load_checkpoint(spec, seq_range)
     path_text, _, function = spec.rpartition(":") if ":" in spec else (spec, "", "")
     path = Path(path_text or spec)
-    if path.is_dir():
-        raise DayzeroError(f"checkpoint directories are not supported by this version: {path}",
-                           spec, "give a SPEC of the form path/to/file.py:function")
     if not function or path.suffix != ".py":
         raise DayzeroError(f"SPEC '{spec}' is not of the form path/to/file.py:function", spec,
                            "name a Python file and a function in it, e.g. examples/mlp.py:build")
@@ -51,6 +52,14 @@ def load_spec(spec: str) -> ModelSpec:
                            "fix the function; run it directly with --debug for the traceback") \
             from exc
     return _check_result(result, spec)
+
+
+def _load_checkpoint(spec: str, seq_range: tuple[int, int] | None) -> ModelSpec:
+    """A Hugging Face checkpoint folder: its model built on meta, weights bound at compile."""
+    from .checkpoint import open_checkpoint
+
+    ckpt = open_checkpoint(spec, seq_range=seq_range)
+    return ModelSpec(ckpt.module, ckpt.example_inputs, ckpt.dynamic_shapes, spec, ckpt)
 
 
 def _import_file(path: Path):

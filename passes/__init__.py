@@ -5,10 +5,17 @@ pass is one new module holding a `Pass` subclass, plus its import line here.
 """
 
 from . import (  # noqa: F401  (imported to register the built-in passes)
+    decompose_fused,
     eliminate_common_subexpressions,
     eliminate_dead_code,
     fold_constants,
+    fuse,
+    fuse_groups,
+    parallel,
+    plan_memory,
+    precision,
     remove_noops,
+    schedule_memory,
 )
 from .base import OptionSpec, Pass, PassResult
 from .manager import PassCrashError, PassManager, PassRecord

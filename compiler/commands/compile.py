@@ -21,6 +21,8 @@ def add_parser(sub) -> None:
     p.add_argument("--dump-ir", metavar="DIR", help="write the IR after every pass into DIR")
     p.add_argument("--passes", metavar="a,b,c", help="pass pipeline (overrides the config)")
     p.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    p.add_argument("--report", action="store_true",
+                   help="print op counts before and after fusion and the patterns that fired")
     p.add_argument("--seq-len", metavar="MIN:MAX",
                    help="checkpoint SPEC: range of the dynamic sequence length of input_ids "
                         "(default 2:min(max_position_embeddings, 4096)); N for a static N")
@@ -43,7 +45,7 @@ def compile_command(args) -> int:
     compile(spec.module, spec.example_inputs, out=args.out, backend=args.backend,
             dynamic_shapes=spec.dynamic_shapes, config=args.config, passes=args.passes,
             dump_ir=args.dump_ir, force=args.force, log=log, checkpoint=spec.checkpoint,
-            fallback=args.fallback)
+            fallback=args.fallback, report=print if args.report else None)
     print(args.out)
     return 0
 

@@ -1,0 +1,6 @@
+"""The torch.export frontend: `export(model, example_inputs, dynamic_shapes)` -> IR Graph."""
+
+from .convert import ConversionError, UnsupportedOpsError
+from .export import export
+
+__all__ = ["ConversionError", "UnsupportedOpsError", "export"]

@@ -164,3 +164,16 @@ def test_unsupported_backend_op_is_listed(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "backend 'testplugin' does not support" in err and "Traceback" not in err
     assert not out.exists()
+
+
+def test_report_shows_fusion_counts_and_patterns(tmp_path, capsys):
+    out = tmp_path / "llama.dz"
+    assert main(["compile", f"{ROOT}/examples/llama.py:build", "-o", str(out), "--backend",
+                 "reference", "--report", "--passes",
+                 "remove_noops,fold_constants,eliminate_common_subexpressions,"
+                 "eliminate_dead_code,fuse,fuse_groups"]) == 0
+    text = capsys.readouterr().out
+    assert "fusion: 180 nodes -> 77 nodes" in text
+    assert "add_rms_norm" in text and "attention_gqa" in text
+    graph = (out / "graph.dzir").read_text()
+    assert "gated_mlp(" in graph and "origin=" in graph

@@ -40,11 +40,13 @@ for _name in ["isnan", "isinf", "logical_not"]:
 define("silu", "x", rules.unary, _aten("silu"), "elementwise", "x * sigmoid(x)")
 define("gelu", "x", rules.unary, lambda x, approximate: _aten("gelu")(x, approximate=approximate),
        "elementwise", "GELU, erf form ('none') or tanh form ('tanh')", approximate="none")
-define("leaky_relu", "x", rules.unary, lambda x, negative_slope: _aten("leaky_relu")(x, negative_slope),
-       "elementwise", "max(x, 0) + slope * min(x, 0)", negative_slope=0.01)
+define("leaky_relu", "x", rules.unary,
+       lambda x, negative_slope: _aten("leaky_relu")(x, negative_slope), "elementwise",
+       "max(x, 0) + slope * min(x, 0)", negative_slope=0.01)
 define("softplus", "x", rules.unary,
        lambda x, beta, threshold: _aten("softplus")(x, beta, threshold),
-       "elementwise", "log(1 + exp(beta x)) / beta, linear above threshold", beta=1.0, threshold=20.0)
+       "elementwise", "log(1 + exp(beta x)) / beta, linear above threshold", beta=1.0,
+       threshold=20.0)
 define("hardsigmoid", "x", rules.unary, _aten("hardsigmoid"), "elementwise", "relu6(x + 3) / 6")
 define("hardswish", "x", rules.unary, _aten("hardswish"), "elementwise", "x * relu6(x + 3) / 6")
 define("elu", "x", rules.unary, lambda x, alpha: _aten("elu")(x, alpha), "elementwise",

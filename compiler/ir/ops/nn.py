@@ -127,7 +127,8 @@ define("avg_pool", "x", _pool_rule, _avg_pool, "pooling", "N-d average pooling",
 
 def _adaptive_rule(types, attrs):
     x = types[0]
-    return [x.with_shape(x.shape[: x.rank - len(attrs["output_size"])] + tuple(attrs["output_size"]))]
+    size = tuple(attrs["output_size"])
+    return [x.with_shape(x.shape[: x.rank - len(size)] + size)]
 
 
 def _adaptive_avg_pool(x, output_size):

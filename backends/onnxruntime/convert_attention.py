@@ -1,0 +1,145 @@
+"""scaled_dot_product_attention: the standard-op form, and ORT's fused MultiHeadAttention.
+
+The standard form works for any rank, mask and head layout. MultiHeadAttention (com.microsoft)
+runs the whole attention in one kernel without materializing the score tensor per op; it takes
+the query as [batch, seq, heads * head_size] and key/value as [batch, heads, seq, head_size], so
+the query is transposed in and the output out again (ORT's transpose optimizer cancels these
+against the model's own head-splitting transposes where no elementwise op sits between them).
+"""
+
+from __future__ import annotations
+
+import math
+
+from compiler.ir import DType, Node
+from compiler.ir.symbolic import equal, is_static
+
+from .builder import ONNX_DTYPES, Builder, fill_value
+from .convert_elementwise import in_dtype
+
+
+def _mask_terms(b: Builder, node: Node, mask: str | None) -> tuple[str | None, str | None]:
+    """The mask as an additive bias, and a 0/1 factor for rows that may attend to anything.
+
+    torch returns zeros for a query row whose mask hides every key (its "safe softmax"); a plain
+    softmax over an all -inf row gives NaN. So such rows get a bias of 0 (finite softmax) and
+    their output is multiplied by 0. Both terms are mask-sized and built once per mask, however
+    many layers share it.
+    """
+    if mask is None:
+        return None, None
+    dtype = in_dtype(node)
+    kind = node.inputs[3].type.dtype
+
+    def make():
+        zero, ninf = b.const(0.0, dtype), b.const(-math.inf, dtype)
+        attend = mask if kind == DType.bool else b.op1("Not", [b.op1("Equal", [mask, ninf])])
+        valid = b.op1("ReduceMax", [b.op1("Cast", [attend], to=ONNX_DTYPES[dtype]),
+                                    b.ints([-1])], keepdims=1)
+        hidden_row = b.op1("Not", [b.op1("Cast", [valid], to=ONNX_DTYPES[DType.bool])])
+        if kind == DType.bool:
+            bias = b.op1("Where", [b.op1("Or", [mask, hidden_row]), zero, ninf])
+        else:
+            bias = b.op1("Where", [hidden_row, zero, mask])
+        return bias, valid
+
+    return b.memo(("attention-mask", mask, dtype), make)
+
+
+def _causal(b: Builder, node: Node) -> str:
+    """torch's is_causal: lower-left triangle of an [S, L] grid (top-left aligned)."""
+    q, k = node.inputs[0].type, node.inputs[1].type
+    grid = b.op1("ConstantOfShape", [b.dims([q.shape[-2], k.shape[-2]])],
+                 value=fill_value(True, DType.bool))
+    keep = b.op1("Trilu", [grid, b.const(0, DType.i64)], upper=0)
+    dtype = in_dtype(node)
+    return b.op1("Where", [keep, b.const(0.0, dtype), b.const(-math.inf, dtype)])
+
+
+def _repeat_heads(b: Builder, node: Node, i: int, name: str) -> str:
+    """k or v with each of its heads repeated Hq / Hk times (torch's enable_gqa semantics)."""
+    q, kv = node.inputs[0].type, node.inputs[i].type
+    rep = q.shape[-3] // kv.shape[-3]
+    if rep == 1:
+        return name
+    lead = list(kv.shape[:-3])
+    wide = lead + [kv.shape[-3], rep, kv.shape[-2], kv.shape[-1]]
+    spread = b.op1("Expand", [b.op1("Unsqueeze", [name, b.ints([kv.rank - 2])]), b.dims(wide)])
+    return b.op1("Reshape", [spread, b.dims(lead + [q.shape[-3], kv.shape[-2], kv.shape[-1]])])
+
+
+def _scale(node: Node) -> float:
+    scale = node.attrs["scale"]
+    return 1.0 / math.sqrt(int(node.inputs[0].type.shape[-1])) if scale is None else float(scale)
+
+
+def sdpa(b: Builder, node: Node, x: list) -> list:
+    """softmax(q k^T * scale + mask) v with standard ops."""
+    q, k, v, mask = x
+    dtype, rank = in_dtype(node), node.inputs[0].type.rank
+    if node.attrs["enable_gqa"]:
+        k, v = _repeat_heads(b, node, 1, k), _repeat_heads(b, node, 2, v)
+    perm = list(range(rank - 2)) + [rank - 1, rank - 2]
+    scores = b.op1("MatMul", [q, b.op1("Transpose", [k], perm=perm)])
+    scores = b.op1("Mul", [scores, b.const(_scale(node), dtype)])
+    bias, valid = _mask_terms(b, node, mask)
+    for term in (bias, _causal(b, node) if node.attrs["is_causal"] else None):
+        if term is not None:
+            scores = b.op1("Add", [scores, term])
+    out = b.op1("MatMul", [b.op1("Softmax", [scores], axis=-1), v])
+    return [out if valid is None else b.op1("Mul", [out, valid])]
+
+
+def mha_fits(node: Node) -> str | None:
+    """None when MultiHeadAttention can run this node, else why it cannot."""
+    q, k, v = (node.inputs[i].type for i in range(3))
+    if q.rank != 4 or k.rank != 4 or v.rank != 4:
+        return "q, k and v are not [batch, heads, seq, head_size]"
+    if not all(is_static(d) for d in (q.shape[1], q.shape[3], k.shape[1], v.shape[1], v.shape[3])):
+        return "head count or head size is symbolic"
+    if q.shape[3] != v.shape[3]:
+        return "value head size differs from the query's"
+    if k.shape[1] != q.shape[1] and not node.attrs["enable_gqa"]:
+        return "key heads differ from query heads without enable_gqa"
+    if node.attrs["is_causal"] and node.inputs[3] is not None:
+        return "both a mask and is_causal"
+    if node.attrs["is_causal"] and not equal(q.shape[2], k.shape[2]):
+        return "is_causal with query and key lengths that may differ (ORT aligns them bottom-right)"
+    mask = node.inputs[3]
+    if mask is not None and (mask.type.rank > 4 or not mask.type.dtype.is_float
+                             and mask.type.dtype != DType.bool):
+        return "the mask is not a bool or float mask of rank <= 4"
+    return None
+
+
+def mha(b: Builder, node: Node, x: list) -> list:
+    """com.microsoft.MultiHeadAttention on [B, S, N*H] queries and [B, N, L, H] keys/values."""
+    q_t = node.inputs[0].type
+    batch, heads, seq, size = q_t.shape
+    q, k, v, mask = x
+    k, v = _repeat_heads(b, node, 1, k), _repeat_heads(b, node, 2, v)
+    bsnh = b.op1("Transpose", [q], perm=[0, 2, 1, 3])
+    query = b.op1("Reshape", [bsnh, b.dims([batch, seq, heads * size])])
+    bias, valid = _mask_terms(b, node, mask)
+    bias = _attention_bias(b, node, bias)
+    out = b.op1("MultiHeadAttention", [query, k, v, None, None, bias], domain="com.microsoft",
+                num_heads=int(heads), scale=_scale(node),
+                unidirectional=int(bool(node.attrs["is_causal"])))
+    out = b.op1("Reshape", [out, b.dims([batch, seq, heads, size])])
+    out = b.op1("Transpose", [out], perm=[0, 2, 1, 3])
+    return [out if valid is None else b.op1("Mul", [out, valid])]
+
+
+def _attention_bias(b: Builder, node: Node, bias: str | None) -> str | None:
+    """The mask as MHA's attention_bias: [B or 1, N or 1, S, L], S and L never broadcast."""
+    if bias is None:
+        return None
+    m = node.inputs[3].type
+    q, k = node.inputs[0].type, node.inputs[1].type
+    if m.rank < 4:
+        bias = b.op1("Unsqueeze", [bias, b.ints(list(range(4 - m.rank)))])
+    full = [1] * (4 - m.rank) + list(m.shape)
+    target = [full[0], full[1], q.shape[2], k.shape[2]]
+    if any(isinstance(d, int) and d == 1 for d in full[2:]):
+        bias = b.op1("Expand", [bias, b.dims(target)])
+    return bias

@@ -1,0 +1,119 @@
+"""Preferred lowerings onto ONNX Runtime's fused kernels, each with the standard-op fallback.
+
+A table, not a chain of ifs: for an IR op, `VARIANTS` lists lowerings in order of preference.
+A variant is used when the node fits it (`fits` returns None; otherwise it says why not) and the
+running ONNX Runtime has every kernel it `requires` (see `probe`). When a node fits a variant
+but the runtime lacks its kernel (a minimal build, an old version), the lowering warns, naming
+the missing op, and moves on to the next variant; the op's standard converter in `op_table` is
+the final fallback and always works.
+
+Listed: linear (FusedMatMul, no reshapes), gelu (Gelu / FastGelu), silu (QuickGelu), the residual
+norms (SkipSimplifiedLayerNormalization / SkipLayerNormalization) and attention
+(MultiHeadAttention). Not listed, and why:
+- rms_norm: ORT's SimplifiedLayerNormalization kernel lives in the ONNX domain without being an
+  ONNX op, so the checker rejects it; the standard form is emitted in the exact pattern ORT's
+  optimizer fuses into that kernel at load time (see convert_nn.rms_norm).
+- layer_norm: LayerNormalization is standard ONNX (opset 17) and is always used.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from compiler.ir import DType, Node
+
+from .builder import Builder
+from .convert_attention import mha, mha_fits
+from .convert_elementwise import Converter, in_dtype
+from .convert_fused import add_layer_norm, add_rms_norm, skip_norm_fits
+from .convert_nn import linear_fused_matmul
+from .probe import Kernel, KernelSet
+
+MS = "com.microsoft"
+
+
+class ContribFallbackWarning(UserWarning):
+    """A fused ORT kernel is missing from the running build; standard ops are used instead."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    requires: tuple[Kernel, ...]
+    fits: Callable[[Node], str | None]
+    emit: Converter
+
+
+def _float32(node: Node) -> str | None:
+    return None if in_dtype(node) == DType.f32 else "the contrib kernel is float32 only"
+
+
+def _gelu_form(form: str) -> Callable[[Node], str | None]:
+    def fits(node: Node) -> str | None:
+        if node.attrs["approximate"] != form:
+            return f"approximate is not {form!r}"
+        return _float32(node)
+    return fits
+
+
+def _contrib(op_type: str, **attrs) -> Converter:
+    def emit(b: Builder, node: Node, x: list) -> list:
+        return [b.op1(op_type, x, domain=MS, **attrs)]
+    return emit
+
+
+def _batched_linear(node: Node) -> str | None:
+    if node.inputs[0].type.rank <= 2:
+        return "a 2-D input is a plain Gemm"
+    return _float32(node)
+
+
+def _mha_fits(node: Node) -> str | None:
+    return mha_fits(node) or _float32(node)
+
+
+VARIANTS: dict[str, tuple[Variant, ...]] = {
+    "linear": (
+        Variant("com.microsoft.FusedMatMul", (Kernel(MS, "FusedMatMul"),), _batched_linear,
+                linear_fused_matmul),
+    ),
+    "gelu": (
+        Variant("com.microsoft.Gelu", (Kernel(MS, "Gelu"),), _gelu_form("none"), _contrib("Gelu")),
+        Variant("com.microsoft.FastGelu", (Kernel(MS, "FastGelu"),), _gelu_form("tanh"),
+                _contrib("FastGelu")),
+    ),
+    "silu": (
+        # QuickGelu computes x * sigmoid(alpha * x): with alpha 1 it is exactly SiLU, in one pass.
+        Variant("com.microsoft.QuickGelu", (Kernel(MS, "QuickGelu"),), _float32,
+                _contrib("QuickGelu", alpha=1.0)),
+    ),
+    "add_rms_norm": (
+        Variant("com.microsoft.SkipSimplifiedLayerNormalization",
+                (Kernel(MS, "SkipSimplifiedLayerNormalization"),),
+                lambda node: skip_norm_fits(node) or _float32(node), add_rms_norm),
+    ),
+    "add_layer_norm": (
+        Variant("com.microsoft.SkipLayerNormalization", (Kernel(MS, "SkipLayerNormalization"),),
+                lambda node: skip_norm_fits(node) or _float32(node), add_layer_norm),
+    ),
+    "scaled_dot_product_attention": (
+        Variant("com.microsoft.MultiHeadAttention", (Kernel(MS, "MultiHeadAttention"),),
+                _mha_fits, mha),
+    ),
+}
+
+
+def choose(node: Node, kernels: KernelSet) -> Variant | None:
+    """The first variant the node fits and the runtime can run; None means standard ops."""
+    for variant in VARIANTS.get(node.op, ()):
+        if variant.fits(node) is not None:
+            continue
+        missing = [str(k) for k in variant.requires if not kernels.has(k)]
+        if not missing:
+            return variant
+        warnings.warn(f"onnxruntime has no {', '.join(missing)} kernel; lowering {node.op} "
+                      "with standard ONNX ops instead (slower, same results)",
+                      ContribFallbackWarning, stacklevel=2)
+    return None

@@ -1,0 +1,50 @@
+"""What each IR node became in ONNX: read back from an artifact for `dayzero inspect`.
+
+The lowering records, per IR node in execution order, its text, the ONNX ops emitted for it
+(contrib ops qualified by domain, e.g. `com.microsoft.MultiHeadAttention`) and the lowering used
+(`standard` or a fused variant). The record is backend/lowering.json in the artifact, hashed in
+its manifest like every other file. Reading it needs neither onnx nor torch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+RECORD = "lowering.json"
+
+
+def read_record(artifact) -> dict[str, Any]:
+    """The lowering record of an onnxruntime artifact (an `ArtifactView`)."""
+    return json.loads(artifact.payload_path(RECORD).read_text())
+
+
+def node_map(artifact) -> list[dict[str, Any]]:
+    """Per IR node: {"node": IR text, "onnx": [ONNX op types], "lowering": variant name}."""
+    return list(read_record(artifact)["nodes"])
+
+
+def format_node_map(record: Mapping[str, Any]) -> str:
+    """Human-readable table: each IR node, then the ONNX ops it became (runs collapsed)."""
+    lines = [f"onnx opset {record['opset']}, session options: "
+             + ", ".join(f"{k}={v}" for k, v in record["session"].items())]
+    if record.get("variants"):
+        lines.append("fused kernels: " + ", ".join(f"{k} x{v}"
+                                                   for k, v in record["variants"].items()))
+    for entry in record["nodes"]:
+        lines.append(entry["node"])
+        tag = "" if entry["lowering"] == "standard" else f"  [{entry['lowering']}]"
+        lines.append(f"    -> {_collapse(entry['onnx']) or '(initializer)'}{tag}")
+    return "\n".join(lines)
+
+
+def _collapse(ops: list[str]) -> str:
+    parts: list[str] = []
+    for op in ops:
+        if parts and parts[-1].split(" x")[0] == op:
+            head, _, count = parts[-1].partition(" x")
+            parts[-1] = f"{head} x{int(count or 1) + 1}"
+        else:
+            parts.append(op)
+    return ", ".join(parts)

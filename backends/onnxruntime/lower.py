@@ -1,0 +1,191 @@
+"""IR graph -> ONNX ModelProto, built node by node with onnx.helper (never torch.onnx.export).
+
+- Inputs and outputs keep their IR names; symbolic dims become named ONNX dims (the symbol
+  names, `s0`), so one model serves every size in range.
+- Weights are initializers stored as external data that points into the artifact's safetensors
+  files (location relative to the artifact root, offset and length of the tensor's bytes), so
+  model.onnx holds only the graph and the artifact holds each weight once.
+- Every IR node goes through `op_table` (or a fused variant from `fused`), and the ONNX ops it
+  became are recorded for `dayzero inspect`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import onnx
+from onnx import TensorProto, helper
+
+from backends.base import WeightLocation
+from compiler.errors import DayzeroError
+from compiler.ir import DType, Graph, Node, TensorType, format_node
+from compiler.ir.symbolic import dim_str
+
+from . import op_table
+from .builder import ONNX_DTYPES, Builder
+from .probe import KernelSet, installed_kernels
+from .symdims import symbol_sources
+
+# Opset 21 is the newest that every supported onnxruntime (>= 1.18) runs; it has everything the
+# op set needs (LayerNormalization 17, bitwise ops 18, axes-as-input reductions 18).
+OPSET = 21
+IR_VERSION = 10
+CONTRIB_DOMAINS = {"com.microsoft": 1}
+
+
+# numpy has no bfloat16 or float8 and ORT's Python API cannot return them, so graph inputs and
+# outputs of these types cross the session boundary as float32 (exact: every such value is a
+# float32) and are cast inside the model; the executable converts with ml_dtypes.
+WIDE_IO = frozenset({DType.bf16, DType.f8e4m3, DType.f8e5m2})
+
+
+@dataclass
+class Lowered:
+    """A lowered model, what each IR node became, and the I/O carried as float32."""
+
+    model: onnx.ModelProto
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+    wide_io: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def variants(self) -> dict[str, int]:
+        """How many nodes each fused variant took, e.g. {"com.microsoft.Gelu": 12}."""
+        counts: dict[str, int] = {}
+        for entry in self.nodes:
+            if entry["lowering"] not in ("standard", "decomposition"):
+                counts[entry["lowering"]] = counts.get(entry["lowering"], 0) + 1
+        return counts
+
+
+def lower_graph(graph: Graph, weights: Mapping[str, WeightLocation],
+                kernels: KernelSet | None = None) -> Lowered:
+    """The ONNX model for `graph`, whose weights lie at `weights` (paths from the artifact root)."""
+    kernels = installed_kernels() if kernels is None else kernels
+    reserved = [v.name for v in graph.inputs] + list(graph.weights)
+    b = Builder(symbol_sources([(v.name, v.type.shape) for v in graph.inputs]), kernels,
+                reserved)
+    env: dict[int, str] = {id(v): _narrow_input(b, v) for v in graph.inputs}
+    env.update({id(v): name for name, v in graph.weights.items()})
+    record = []
+    for node in graph.nodes:
+        record.append(_lower_node(b, graph, node, env))
+    outputs = _outputs(b, graph, env)
+    initializers = [_external(name, graph, weights) for name in graph.weights]
+    onnx_graph = helper.make_graph(
+        b.nodes, graph.name, [_value_info(v.name, _io_type(v.type)) for v in graph.inputs],
+        [_value_info(name, _io_type(v.type)) for name, v in zip(outputs, graph.outputs)],
+        initializers + b.initializers)
+    opsets = [helper.make_opsetid("", OPSET)]
+    opsets += [helper.make_opsetid(d, CONTRIB_DOMAINS.get(d, v))
+               for d, v in sorted(b.opsets.items())]
+    model = helper.make_model(onnx_graph, opset_imports=opsets, producer_name="dayzero",
+                              ir_version=IR_VERSION)
+    check_structure(model)
+    wide = {"inputs": {v.name: v.type.dtype.value for v in graph.inputs
+                       if v.type.dtype in WIDE_IO},
+            "outputs": {name: v.type.dtype.value for name, v in zip(outputs, graph.outputs)
+                        if v.type.dtype in WIDE_IO}}
+    return Lowered(model, record, wide)
+
+
+def _io_type(type: TensorType) -> TensorType:
+    return type.with_dtype(DType.f32) if type.dtype in WIDE_IO else type
+
+
+def _narrow_input(b: Builder, value) -> str:
+    """The ONNX name holding input `value` in its own dtype (a Cast when it arrives as f32)."""
+    if value.type.dtype not in WIDE_IO:
+        return value.name
+    return b.op1("Cast", [value.name], to=ONNX_DTYPES[value.type.dtype])
+
+
+def _lower_node(b: Builder, graph: Graph, node: Node, env: dict[int, str]) -> dict:
+    reason = op_table.limit(node)
+    if reason is not None:
+        raise DayzeroError(f"the onnxruntime backend cannot lower this node: {reason}",
+                           f"node `{format_node(node, graph)}`"
+                           + (f" from {node.loc}" if node.loc else ""),
+                           "choose another backend for this model (dayzero backends)")
+    inputs = [None if v is None else env[id(v)] for v in node.inputs]
+    b.begin(node)
+    outs, how = op_table.lower_node(b, node, inputs)
+    emitted = b.end()
+    for value, name in zip(node.outputs, outs):
+        env[id(value)] = _rename(b, emitted, name, value.name)
+    return {"node": format_node(node, graph), "onnx": b.node_ops[-1], "lowering": how}
+
+
+def _rename(b: Builder, emitted: list[onnx.NodeProto], name: str, want: str) -> str:
+    """Give a node's result its IR name when this node produced it and the name is free."""
+    producers = [n for n in emitted if name in n.output]
+    if not producers or not name.startswith("_"):
+        return name  # an input, a weight or a shared constant: not this node's to rename
+    new = b.claim(want)
+    for n in emitted:
+        n.output[:] = [new if o == name else o for o in n.output]
+        n.input[:] = [new if i == name else i for i in n.input]
+    return new
+
+
+def _outputs(b: Builder, graph: Graph, env: dict[int, str]) -> list[str]:
+    """Output names. An input, weight, constant or repeated value is passed through Identity
+    (ONNX outputs must be distinct node results); a WIDE_IO value leaves as float32."""
+    produced = {o for n in b.nodes for o in n.output}
+    names, seen = [], set()
+    for value in graph.outputs:
+        name = env[id(value)]
+        wide = value.type.dtype in WIDE_IO
+        if wide or name not in produced or name in seen:
+            alias = b.claim(value.name if value.name != name else f"{name}_out")
+            op_type, attrs = ("Cast", {"to": ONNX_DTYPES[DType.f32]}) if wide else ("Identity", {})
+            b.nodes.append(helper.make_node(op_type, [name], [alias], name=b.fresh("n"), **attrs))
+            name = alias
+        seen.add(name)
+        names.append(name)
+    return names
+
+
+def _value_info(name: str, type) -> onnx.ValueInfoProto:
+    dims = [d if isinstance(d, int) else dim_str(d) for d in type.shape]
+    return helper.make_tensor_value_info(name, ONNX_DTYPES[type.dtype], dims)
+
+
+def _external(name: str, graph: Graph, weights: Mapping[str, WeightLocation]) -> TensorProto:
+    """An initializer whose bytes stay in the safetensors file, referenced by offset and length."""
+    if name not in weights:
+        raise DayzeroError(f"weight '{name}' has no location in the artifact", f"weight {name}",
+                           "write the weights before lowering (runtime.artifact.write_artifact)")
+    loc, value = weights[name], graph.weights[name]
+    tensor = TensorProto()
+    tensor.name = name
+    tensor.data_type = ONNX_DTYPES[value.type.dtype]
+    tensor.dims.extend(int(d) for d in value.type.shape)
+    tensor.data_location = TensorProto.EXTERNAL
+    for key, val in (("location", loc.file), ("offset", str(loc.offset)),
+                     ("length", str(loc.nbytes))):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, val
+    return tensor
+
+
+def check_structure(model: onnx.ModelProto) -> None:
+    """onnx.checker on the graph with weights stood in by inputs of the same type.
+
+    The external files are not reachable from here (their paths are relative to the artifact
+    root, which does not exist yet), so only their declarations are checked here; the tests run
+    the path-based checker on finished artifacts.
+    """
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    external = [t for t in probe.graph.initializer if t.data_location == TensorProto.EXTERNAL]
+    for t in external:
+        probe.graph.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    kept = [t for t in probe.graph.initializer if t.data_location != TensorProto.EXTERNAL]
+    del probe.graph.initializer[:]
+    probe.graph.initializer.extend(kept)
+    try:
+        onnx.checker.check_model(probe, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        raise DayzeroError(f"the lowered ONNX model is invalid: {exc}", "backend onnxruntime",
+                           "report this as a dayzero bug with the graph's .dzir text") from exc

@@ -1,0 +1,143 @@
+"""Checkpoint names, shapes and dtypes against what the model expects, before any byte is read.
+
+A mismatch found after converting gigabytes is a wasted hour; a mismatch found one at a time is
+a wasted afternoon. So the check runs on headers only and reports every problem at once:
+checkpoint tensors the model does not expect, parameters the checkpoint lacks, shape and dtype
+mismatches, each with its name and shard file.
+
+Handled as Hugging Face's loader handles them: tied parameters (an LM head sharing the embedding
+is saved once, under either name), base-model checkpoints loaded into a model with a head (names
+without `base_model_prefix.`), tensors the model class says to ignore
+(`_keys_to_ignore_on_load_unexpected`) and stale copies of buffers the model computes itself
+(non-persistent buffers such as `rotary_emb.inv_freq`). Persistent buffers missing from the
+checkpoint keep the value the model computed when it was built.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from compiler.ir import DType
+
+from . import precision
+from .layout import CheckpointError, CheckpointLayout, TensorRecord
+
+MAX_LISTED = 40
+
+
+@dataclass(frozen=True)
+class Expected:
+    """A tensor the model's state dict holds: parameter or persistent buffer."""
+
+    name: str
+    dtype: DType
+    shape: tuple[int, ...]
+    parameter: bool
+
+
+@dataclass
+class ModelTensors:
+    """What a model expects from its checkpoint (taken from the model built on the meta device)."""
+
+    expected: dict[str, Expected]
+    tied: list[list[str]]  # groups of names sharing one tensor, in state-dict order
+    computed: set[str] = field(default_factory=set)  # non-persistent buffers
+    prefix: str = ""  # base_model_prefix
+    ignore_unexpected: Sequence[str] = ()  # regexes
+
+
+@dataclass
+class Binding:
+    """The outcome of a successful check: each expected name -> its checkpoint record."""
+
+    records: dict[str, TensorRecord]
+    notes: list[str]
+
+    def record_for(self, name: str) -> TensorRecord | None:
+        return self.records.get(name)
+
+
+def match(layout: CheckpointLayout, model: ModelTensors, model_name: str) -> Binding:
+    """Bind checkpoint tensors to model names; one CheckpointError lists every mismatch."""
+    names = _rename(layout, model)
+    by_model = {model_name_: ckpt for ckpt, model_name_ in names.items()}
+    problems: list[str] = []
+    notes: list[str] = []
+    records: dict[str, TensorRecord] = {}
+    grouped = {n for group in model.tied for n in group}
+    groups = list(model.tied) + [[n] for n in model.expected if n not in grouped]
+    for group in groups:
+        present = [n for n in group if n in by_model]
+        if not present:
+            exp = model.expected[group[0]]
+            if exp.parameter:
+                tied = f" (tied to {', '.join(repr(n) for n in group[1:])})" if group[1:] else ""
+                problems.append(f"missing parameter '{group[0]}'{tied}: "
+                                f"{exp.dtype}{list(exp.shape)}, in no shard")
+            else:
+                notes.append(f"buffer '{group[0]}' is not in the checkpoint: the value the model "
+                             "computes is used")
+            continue
+        for name in present:
+            problem = _compare(layout.tensors[by_model[name]], model.expected[name], name)
+            if problem:
+                problems.append(problem)
+        chosen = layout.tensors[by_model[present[0]]]
+        for name in group:
+            records[name] = chosen
+        if len(present) > 1:
+            notes.append(f"tied copies {', '.join(repr(n) for n in present[1:])} ignored: "
+                         f"'{present[0]}' is used for all of them")
+    for ckpt, mapped in names.items():
+        if mapped in model.expected:
+            continue
+        record = layout.tensors[ckpt]
+        if mapped in model.computed or _ignored(ckpt, model.ignore_unexpected):
+            notes.append(f"tensor '{ckpt}' ({record.file}) ignored: the model computes it or "
+                         "does not use it")
+            continue
+        problems.append(f"unexpected tensor '{ckpt}' ({record.file}): "
+                        f"{record.dtype}{list(record.shape)}, the model has no such parameter")
+    if problems:
+        raise _mismatch_error(layout, model_name, problems)
+    return Binding(records, notes)
+
+
+def _rename(layout: CheckpointLayout, model: ModelTensors) -> dict[str, str]:
+    """Checkpoint name -> model name; adds `base_model_prefix.` for a base-model checkpoint."""
+    prefix = f"{model.prefix}." if model.prefix else ""
+    names = {n: n for n in layout.tensors}
+    if not prefix or any(n.startswith(prefix) for n in layout.tensors):
+        return names
+    if not any(n.startswith(prefix) for n in model.expected):
+        return names
+    return {n: (prefix + n if prefix + n in model.expected else n) for n in layout.tensors}
+
+
+def _compare(record: TensorRecord, expected: Expected, name: str) -> str | None:
+    shown = name if record.name == name else f"{name}' (stored as '{record.name}"
+    if tuple(record.shape) != tuple(expected.shape):
+        return (f"shape mismatch '{shown}' ({record.file}): checkpoint {record.dtype}"
+                f"{list(record.shape)}, model expects {expected.dtype}{list(expected.shape)}")
+    if not precision.convertible(record.dtype, expected.dtype):
+        return (f"dtype mismatch '{shown}' ({record.file}): checkpoint {record.dtype}, model "
+                f"expects {expected.dtype} (only fp32/bf16/fp16 are converted into each other)")
+    return None
+
+
+def _ignored(name: str, patterns: Iterable[str]) -> bool:
+    return any(re.search(p, name) for p in patterns)
+
+
+def _mismatch_error(layout: CheckpointLayout, model_name: str, problems: list[str]
+                    ) -> CheckpointError:
+    shown = problems[:MAX_LISTED]
+    more = f"\n  ... and {len(problems) - MAX_LISTED} more" if len(problems) > MAX_LISTED else ""
+    return CheckpointError(
+        f"checkpoint {layout.root} does not match {model_name} built from its config.json: "
+        f"{len(problems)} problem(s)\n  " + "\n  ".join(shown) + more,
+        str(layout.root / (layout.index or layout.files[0])),
+        "use the config.json that belongs to these weights (same architecture and sizes), or "
+        "re-download the checkpoint if shards are from another revision")

@@ -1,0 +1,97 @@
+"""`dayzero align SPEC|ARTIFACT`: compare a backend with the reference, value by value.
+
+Exit status 1 when a value exceeds its threshold; the message names the first one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from pathlib import Path
+
+from ..errors import DayzeroError
+from ..log import StageLog
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("align", help="compare a backend with the reference interpreter, "
+                       "value by value, and name the first divergence")
+    p.add_argument("target", metavar="SPEC|ARTIFACT",
+                   help="path/to/file.py:function, or a compiled artifact directory")
+    p.add_argument("--backend", metavar="NAME",
+                   help="backend to compile a SPEC for (default onnxruntime); an ARTIFACT "
+                   "runs on the backend it was compiled for")
+    p.add_argument("--config", metavar="FILE.yaml", help="compile config for a SPEC")
+    p.add_argument("--passes", metavar="a,b,c", help="pass pipeline for a SPEC")
+    p.add_argument("--artifact", metavar="ARTIFACT",
+                   help="with a SPEC: align this artifact (compiled elsewhere) against the "
+                   "SPEC's reference instead of compiling the SPEC")
+    p.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
+    p.add_argument("--size", action="append", default=[], metavar="SYMBOL=N",
+                   help="size of a symbolic dim for generated inputs")
+    p.add_argument("--random", action="store_true",
+                   help="with a SPEC: random inputs within the input specs instead of the "
+                   "SPEC's example inputs")
+    p.add_argument("--atol", type=float, metavar="X", help="absolute tolerance for every value")
+    p.add_argument("--rtol", type=float, metavar="Y", help="relative tolerance for every value")
+    p.add_argument("--all", action="store_true", help="list views and constants too")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--html", metavar="FILE", help="write an HTML report with error plots")
+    p.set_defaults(handler=align_command)
+
+
+def align_command(args) -> int:
+    from ..tools.align_html import render
+    from ..tools.align_target import run_alignment
+    from ..tools.align_text import format_report
+
+    # with --json, stdout carries the JSON document only
+    chatter = sys.stderr if args.json else sys.stdout
+    log = StageLog(sys.stderr)
+    with _target(args, log) as target, contextlib.redirect_stdout(chatter):
+        inputs = _inputs(args, target)
+        report = run_alignment(target, inputs, atol=args.atol, rtol=args.rtol)
+    if args.html:
+        Path(args.html).write_text(render(report))
+        print(f"wrote {args.html}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=1))
+    else:
+        print(format_report(report, all_rows=args.all))
+    return 0 if report.ok else 1
+
+
+def _is_artifact(path: str) -> bool:
+    return (Path(path) / "manifest.json").is_file()
+
+
+def _target(args, log: StageLog):
+    from ..spec import load_spec
+    from ..tools.align_target import target_from_artifact, target_from_spec
+
+    if _is_artifact(args.target):
+        for flag in ("config", "passes", "artifact", "backend"):
+            if getattr(args, flag):
+                raise DayzeroError(f"--{flag} applies to a SPEC, not to an artifact",
+                                   f"--{flag}", "drop it (an artifact runs on the backend it "
+                                   "was compiled for), or give the SPEC instead")
+        return target_from_artifact(args.target)
+    for flag in ("backend", "config", "passes"):
+        if args.artifact and getattr(args, flag):
+            raise DayzeroError(f"--{flag} with --artifact: the artifact is already compiled "
+                               "(for its own backend, config and passes)", f"--{flag}",
+                               f"drop --{flag}, or drop --artifact to compile the SPEC")
+    with log.stage("load", args.target):
+        spec = load_spec(args.target)
+    return target_from_spec(spec, backend=args.backend or "onnxruntime", config=args.config,
+                            passes=args.passes, artifact=args.artifact, log=log)
+
+
+def _inputs(args, target):
+    """--input files, else the SPEC's example inputs, else inputs generated from the specs."""
+    from .run import _gather_inputs, _sizes
+
+    if args.input or args.random or target.example_inputs is None:
+        return _gather_inputs(target, args.input, _sizes(args.size))
+    return target.example_inputs

@@ -1,0 +1,82 @@
+"""`dayzero bench ARTIFACT`: latency of an artifact over warm runs.
+
+Warm-up runs first (they pay for lazy initialization, memory-arena growth and caches), then
+`--runs` timed calls on the same inputs; the median is the number to compare, p90 shows the
+jitter. Inputs are given with --input or generated from the input specs as `dayzero run` does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from ..errors import DayzeroError
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("bench", help="measure an artifact's latency (median/p90 of warm runs)")
+    p.add_argument("artifact", metavar="ARTIFACT")
+    p.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
+    p.add_argument("--size", action="append", default=[], metavar="SYMBOL=N",
+                   help="size of a symbolic dim for generated inputs")
+    p.add_argument("--warmup", type=int, default=5, metavar="N", help="untimed runs first")
+    p.add_argument("--runs", type=int, default=50, metavar="N", help="timed runs")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(handler=bench_command)
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    artifact: str
+    backend: str
+    inputs: dict[str, list[int]]
+    warmup: int
+    runs: int
+    median_ms: float
+    p90_ms: float
+    min_ms: float
+    mean_ms: float
+
+    def describe(self) -> str:
+        shapes = ", ".join(f"{k}{v}" for k, v in self.inputs.items())
+        return (f"bench {self.artifact} ({self.backend}), inputs {shapes}: "
+                f"{self.warmup} warm-up + {self.runs} runs\n"
+                f"  median {self.median_ms:.3f} ms  p90 {self.p90_ms:.3f} ms  "
+                f"min {self.min_ms:.3f} ms  mean {self.mean_ms:.3f} ms")
+
+
+def bench_command(args) -> int:
+    import runtime
+
+    from .run import _gather_inputs, _sizes
+
+    if args.runs < 1 or args.warmup < 0:
+        raise DayzeroError(f"--runs {args.runs} / --warmup {args.warmup}: need runs >= 1 and "
+                           "warmup >= 0", "--runs/--warmup")
+    model = runtime.load(args.artifact)
+    with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
+        inputs = _gather_inputs(model, args.input, _sizes(args.size))
+    result = bench(model, inputs, args.warmup, args.runs, str(args.artifact))
+    print(json.dumps(asdict(result), indent=1) if args.json else result.describe())
+    return 0
+
+
+def bench(model, inputs: list[np.ndarray], warmup: int, runs: int, name: str) -> BenchResult:
+    """Time `runs` calls of `model(*inputs)` after `warmup` untimed ones."""
+    for _ in range(warmup):
+        model(*inputs)
+    times = np.empty(runs)
+    for i in range(runs):
+        start = time.perf_counter()
+        model(*inputs)
+        times[i] = (time.perf_counter() - start) * 1000.0
+    backend = getattr(getattr(model, "backend", None), "name", "unknown")
+    return BenchResult(name, backend, {s.name: list(x.shape) for s, x in
+                                       zip(model.input_specs, inputs)}, warmup, runs,
+                       float(np.median(times)), float(np.percentile(times, 90)),
+                       float(times.min()), float(times.mean()))

@@ -1,0 +1,197 @@
+"""Views, data movement and indexing; identities and dropped runtime checks.
+
+Every view-like overload (view, _unsafe_view, reshape, unsqueeze, squeeze, ...) becomes one
+`reshape` to the result shape torch computed, with symbolic dims (`shape=[1, s0, 4, 16]`), so -1
+and squeezed axes are already resolved. Copies and aliases (clone, contiguous, alias, detach,
+lift_fresh_copy, eval-mode dropout) are identities; a later pass removes no-op reshapes and casts.
+"""
+
+from __future__ import annotations
+
+import sympy
+
+from compiler.ir import DType
+from compiler.ir.symbolic import normalize
+
+from ..emitter import Emitter, Unsupported
+from .table import converts
+
+# -- identities and dropped nodes ---------------------------------------------------------------
+
+
+@converts("alias.default", "clone.default", "contiguous.default", "detach.default",
+          "lift_fresh_copy.default", "lift_fresh.default", ir="(identity)")
+def _identity(em: Emitter, a):
+    return a["self"]
+
+
+@converts("dropout.default", "feature_dropout.default", "alpha_dropout.default", ir="(identity)")
+def _dropout(em: Emitter, a):
+    if a["train"] and a["p"] != 0:
+        raise Unsupported("dropout in training mode")
+    return a["input"]
+
+
+@converts("_assert_scalar.default", "sym_constrain_range.default",
+          "sym_constrain_range_for_size.default", "_assert_tensor_metadata.default",
+          "_assert_async.default", "_assert_async.msg", ir="(dropped)")
+def _dropped(em: Emitter, a):
+    return None
+
+
+# -- views ----------------------------------------------------------------------------------------
+@converts("view.default", "_unsafe_view.default", "reshape.default", "unsqueeze.default",
+          "squeeze.default", "squeeze.dim", "squeeze.dims", "view_copy.default",
+          "unsqueeze_copy.default", "squeeze_copy.dims", ir="reshape")
+def _reshape(em: Emitter, a):
+    return em.op("reshape", a["self"], shape=em.out_shape())
+
+
+@converts("permute.default", "permute_copy.default", ir="permute")
+def _permute(em: Emitter, a):
+    return em.op("permute", a["self"], dims=list(a["dims"]))
+
+
+@converts("t.default", ir="permute")
+def _t(em: Emitter, a):
+    x = a["self"]
+    return em.op("permute", x, dims=[1, 0]) if x.type.rank == 2 else x
+
+
+@converts("transpose.int", ir="permute")
+def _transpose(em: Emitter, a):
+    x = a["self"]
+    rank = max(x.type.rank, 1)
+    dims = list(range(x.type.rank))
+    if not dims:
+        return x
+    i, j = a["dim0"] % rank, a["dim1"] % rank
+    dims[i], dims[j] = dims[j], dims[i]
+    return em.op("permute", x, dims=dims)
+
+
+@converts("expand.default", "expand_copy.default", ir="expand")
+def _expand(em: Emitter, a):
+    return em.op("expand", a["self"], shape=em.out_shape())
+
+
+# -- slicing ------------------------------------------------------------------------------------
+def _index(i, size):
+    """A start/end/index as a non-negative dim: negatives count from the end."""
+    if isinstance(i, int) and i < 0:
+        return i % size if isinstance(size, int) else size + i
+    return i
+
+
+def _slice(em: Emitter, x, dim: int, start, length, step: int, index: int = 0):
+    """`x[start : start + length*step : step]` along dim, with the length torch computed."""
+    size = x.shape[dim]
+    start = _index(0 if start is None else start, size)
+    if isinstance(start, int) and isinstance(size, int):
+        start = min(start, size)
+    end = start if length == 0 else start + (length - 1) * step + 1
+    start, end = (normalize(sympy.simplify(v)) if isinstance(v, sympy.Basic) else v
+                  for v in (start, end))
+    return em.op("slice", x, dim=dim, start=start, end=end, step=step)
+
+
+@converts("slice.Tensor", "slice_copy.Tensor", ir="slice")
+def _slice_tensor(em: Emitter, a):
+    x = a["self"]
+    dim = a["dim"] % max(x.type.rank, 1)
+    return _slice(em, x, dim, a["start"], em.out_shape()[dim], a["step"])
+
+
+@converts("select.int", "select_copy.int", ir="select")
+def _select(em: Emitter, a):
+    x = a["self"]
+    dim = a["dim"] % max(x.type.rank, 1)
+    return em.op("select", x, dim=dim, index=_index(a["index"], x.shape[dim]))
+
+
+@converts("split.Tensor", "split_with_sizes.default", "split_with_sizes_copy.default",
+          "split_copy.Tensor", ir="slice")
+def _split(em: Emitter, a):
+    x = a["self"]
+    dim = a["dim"] % max(x.type.rank, 1)
+    outputs, start = [], 0
+    for i in range(len(em.val)):
+        length = em.out_shape(i)[dim]
+        outputs.append(_slice(em, x, dim, start, length, 1))
+        start = start + length
+    return tuple(outputs)
+
+
+@converts("unbind.int", "unbind_copy.int", ir="select")
+def _unbind(em: Emitter, a):
+    x = a["self"]
+    dim = a["dim"] % max(x.type.rank, 1)
+    return tuple(em.op("select", x, dim=dim, index=i) for i in range(len(em.val)))
+
+
+@converts("cat.default", ir="concat")
+def _cat(em: Emitter, a):
+    dtype = em.out_dtype()
+    tensors = [t for t in a["tensors"] if not _legacy_empty(t)] or list(a["tensors"][:1])
+    dim = a["dim"] % max(tensors[0].type.rank, 1)
+    return em.op("concat", *(em.cast(t, dtype) for t in tensors), dim=dim)
+
+
+def _legacy_empty(t) -> bool:
+    """torch.cat skips 1-d tensors of size 0 whatever the other operands' ranks."""
+    return t.type.rank == 1 and t.shape[0] == 0
+
+
+# -- indexing -------------------------------------------------------------------------------------
+@converts("gather.default", ir="gather")
+def _gather(em: Emitter, a):
+    return em.op("gather", a["self"], a["index"], dim=a["dim"])
+
+
+@converts("index_select.default", ir="index_select")
+def _index_select(em: Emitter, a):
+    if a["self"].type.rank == 0:  # only index 0 is valid: the scalar itself
+        return a["self"]
+    return em.op("index_select", a["self"], a["index"], dim=a["dim"])
+
+
+@converts("index.Tensor", ir="index")
+def _index_tensor(em: Emitter, a):
+    indices = list(a["indices"])
+    if any(i is not None and i.dtype in (DType.bool, DType.u8) for i in indices):
+        raise Unsupported("boolean-mask indexing (data-dependent result shape)")
+    return em.op("index", a["self"], *indices)
+
+
+# -- data movement ------------------------------------------------------------------------------
+@converts("constant_pad_nd.default", ir="pad")
+def _pad(em: Emitter, a):
+    x = a["self"]
+    value = float(a["value"]) if x.dtype.is_float else int(a["value"])
+    return em.op("pad", x, pads=list(a["pad"]), value=value)
+
+
+@converts("flip.default", ir="flip")
+def _flip(em: Emitter, a):
+    return em.op("flip", a["self"], dims=list(a["dims"]))
+
+
+@converts("tril.default", ir="tril")
+def _tril(em: Emitter, a):
+    return em.op("tril", a["self"], diagonal=a["diagonal"])
+
+
+@converts("triu.default", ir="triu")
+def _triu(em: Emitter, a):
+    return em.op("triu", a["self"], diagonal=a["diagonal"])
+
+
+@converts("repeat.default", ir="repeat")
+def _repeat(em: Emitter, a):
+    return em.op("repeat", a["self"], repeats=list(a["repeats"]))
+
+
+@converts("copy.default", ir="cast, expand")
+def _copy(em: Emitter, a):
+    src = em.cast(a["src"], em.out_dtype())
+    return em.op("expand", src, shape=em.out_shape())

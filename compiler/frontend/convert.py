@@ -1,0 +1,246 @@
+"""Walks the exported FX graph and converts each node through the ATen table.
+
+Per node: size arithmetic (sym_size, operator.mul, ...) becomes a sympy expression in the
+environment, never an IR node; getitem picks a result of a multi-result node; every ATen overload
+goes through its converter, whose result types are then checked against what torch recorded in
+`meta['val']`. Nodes the IR cannot express are collected, not raised one by one, so the user sees
+every missing op at once; nodes downstream of a missing value are skipped silently.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.fx import Node as FxNode
+
+from compiler.errors import DayzeroError
+from compiler.ir import Graph, TensorType, Value
+from compiler.ir.ops import ShapeError
+from compiler.ir.symbolic import equal, evaluate
+
+from .aten import CONVERTERS
+from .decompositions import SIZE_OPS
+from .emitter import Emitter, Unsupported, ir_dtype
+from .locations import Location, node_location
+from .symbols import SymbolMap, UnsupportedSymbol
+
+MISSING = object()  # a value nothing can stand in for (see `placeholder_for`)
+
+
+
+class ConversionError(RuntimeError):
+    """An internal frontend bug: a converter produced a type torch disagrees with."""
+
+
+class UnsupportedOpsError(DayzeroError):
+    """The model uses ops the IR lacks; `ops` maps each (with its reason) to its node count."""
+
+    def __init__(self, what: str, where: str, fix: str, ops: dict[str, int]):
+        super().__init__(what, where, fix)
+        self.ops = ops
+
+
+@dataclass
+class _Missing:
+    count: int
+    first: Location
+
+
+def op_name(target: Any) -> str:
+    """'aten.add.Tensor' for ATen overloads, 'operator.mul' or the op's name for the rest."""
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target)
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return f"higher_order.{target.name()}"
+    module = getattr(target, "__module__", None) or "_operator"
+    name = getattr(target, "__name__", None) or str(target)
+    return f"{module.lstrip('_')}.{name}"
+
+
+def bind_arguments(target: torch._ops.OpOverload, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """The call's arguments by schema name, with the schema's defaults filled in."""
+    bound: dict[str, Any] = {}
+    for i, arg in enumerate(target._schema.arguments):
+        if i < len(args) and not arg.kwarg_only:
+            bound[arg.name] = args[i]
+        elif arg.name in kwargs:
+            bound[arg.name] = kwargs[arg.name]
+        elif arg.has_default_value():
+            bound[arg.name] = arg.default_value
+        else:
+            bound[arg.name] = None
+    return bound
+
+
+class FxConverter:
+    """Converts call_function nodes into `graph`; placeholders are seeded in `env` beforehand."""
+
+    def __init__(self, graph: Graph, symbols: SymbolMap, fallback: Location):
+        self.graph = graph
+        self.symbols = symbols
+        self.emitter = Emitter(graph, symbols)
+        self.env: dict[FxNode, Any] = {}
+        self.missing: dict[str, _Missing] = {}
+        self.last_loc = fallback
+
+    # -- driving --------------------------------------------------------------------------------
+    def run(self, nodes) -> None:
+        for node in nodes:
+            if node.op == "call_function":
+                self.env[node] = self.call(node)
+            elif node.op == "get_attr":
+                self.env[node] = MISSING  # submodules of control-flow ops; those are reported
+
+    def location(self, node: FxNode) -> Location:
+        loc = node_location(node)
+        if loc is not None:
+            self.last_loc = loc
+        return loc or self.last_loc
+
+    def report(self, node: FxNode, what: str) -> Any:
+        """Record an unsupported node; stand in for its result so later nodes still get checked."""
+        entry = self.missing.get(what)
+        if entry is None:
+            self.missing[what] = _Missing(1, self.location(node))
+        else:
+            entry.count += 1
+        return self.placeholder_for(node.meta.get("val"))
+
+    def placeholder_for(self, val: Any) -> Any:
+        """Values typed like torch's result but produced by no node: the graph is discarded
+        (an error follows), yet converters downstream can still report what they lack."""
+        if isinstance(val, (tuple, list)):
+            return tuple(self.placeholder_for(v) for v in val)
+        if not isinstance(val, torch.Tensor):
+            return MISSING
+        try:
+            return Value(f"missing{len(self.missing)}", TensorType(
+                ir_dtype(val.dtype), tuple(self.symbols.expr(d) for d in val.shape)))
+        except (Unsupported, UnsupportedSymbol):
+            return MISSING
+
+    # -- one node -------------------------------------------------------------------------------
+    def call(self, node: FxNode) -> Any:
+        name = op_name(node.target)
+        if node.target is operator.getitem:
+            return self.getitem(node)
+        if name in SIZE_OPS or not isinstance(node.target, torch._ops.OpOverload):
+            if _is_scalar(node.meta.get("val")):
+                return self.size_expression(node, name)
+        converter = CONVERTERS.get(name)
+        if converter is None:
+            return self.report(node, name)
+        args = self.lookup((node.args, node.kwargs))
+        if _contains_missing(args):
+            return MISSING
+        return self.convert(node, name, converter, bind_arguments(node.target, *args))
+
+    def lookup(self, arg: Any) -> Any:
+        if isinstance(arg, FxNode):
+            return self.env.get(arg, MISSING)
+        if isinstance(arg, (list, tuple)):
+            return type(arg)(self.lookup(a) for a in arg)
+        if isinstance(arg, dict):
+            return {k: self.lookup(v) for k, v in arg.items()}
+        return arg
+
+    def size_expression(self, node: FxNode, name: str) -> Any:
+        try:
+            return self.symbols.expr(node.meta["val"])
+        except UnsupportedSymbol as exc:
+            return self.report(node, f"{name} ({exc})")
+
+    def getitem(self, node: FxNode) -> Any:
+        source, index = node.args
+        value = self.env.get(source, MISSING)
+        if value is MISSING:
+            return MISSING
+        picked = value[index]
+        if picked is None:  # a result the converter has no IR value for (e.g. pooling indices)
+            return self.report(node, f"{op_name(source.target)} result {index}")
+        return picked
+
+    def convert(self, node: FxNode, name: str, converter: Callable, args: dict) -> Any:
+        loc = self.location(node)
+        self.emitter.begin(node.name, str(loc), node.meta.get("val"))
+        try:
+            result = converter(self.emitter, args)
+        except (Unsupported, UnsupportedSymbol) as exc:
+            return self.report(node, f"{name} ({exc})")
+        except (ShapeError, TypeError, ValueError, KeyError, IndexError) as exc:
+            raise ConversionError(f"converting {name} at {loc.describe()}: {exc}") from exc
+        self.emitter.finish(result)
+        self.check(node, name, loc, result)
+        return result
+
+    # -- cross-check against torch ----------------------------------------------------------------
+    def check(self, node: FxNode, name: str, loc: Location, result: Any) -> None:
+        val = node.meta.get("val")
+        if result is None or val is None:
+            return
+        pairs = zip(result, val) if isinstance(result, (tuple, list)) else [(result, val)]
+        for value, expected in pairs:
+            if not isinstance(value, Value) or not isinstance(expected, torch.Tensor):
+                continue
+            want = TensorType(ir_dtype(expected.dtype),
+                              tuple(self.symbols.expr(d) for d in expected.shape))
+            if not self.same_type(value.type, want):
+                raise ConversionError(
+                    f"converting {name} at {loc.describe()}: IR value %{value.name} has type "
+                    f"{value.type} but torch computed {want}")
+
+    def same_type(self, got: TensorType, want: TensorType) -> bool:
+        if got.dtype != want.dtype or got.rank != want.rank:
+            return False
+        return all(self.same_dim(a, b) for a, b in zip(got.shape, want.shape))
+
+    def same_dim(self, a, b) -> bool:
+        """Provably equal, or equal at every sample size when sympy cannot simplify."""
+        if equal(a, b):
+            return True
+        samples = [{n: _sample(lo, hi, k) for n, (lo, hi) in self.graph.symbols.items()}
+                   for k in range(4)]
+        try:
+            return all(evaluate(a, s) == evaluate(b, s) for s in samples)
+        except (KeyError, TypeError, ValueError):
+            return False
+
+
+def _sample(lo: int, hi: int | None, k: int) -> int:
+    top = hi if hi is not None else max(lo, 2) * 64
+    return [lo, min(lo + 1, top), (lo + top) // 2, top][k]
+
+
+def _is_scalar(val: Any) -> bool:
+    return isinstance(val, (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
+def _contains_missing(arg: Any) -> bool:
+    if arg is MISSING:
+        return True
+    if isinstance(arg, (list, tuple)):
+        return any(_contains_missing(a) for a in arg)
+    if isinstance(arg, dict):
+        return any(_contains_missing(a) for a in arg.values())
+    return False
+
+
+def unsupported_error(missing: dict[str, _Missing], model_name: str) -> UnsupportedOpsError:
+    """One error listing every op the IR lacks, with counts and first source lines."""
+    width = max(len(name) for name in missing)
+    lines = [f"  {name:<{width}}  x{m.count:<3} first at {m.first.describe()}"
+             for name, m in missing.items()]
+    total = sum(m.count for m in missing.values())
+    return UnsupportedOpsError(
+        f"{len(missing)} ATen op(s) ({total} node(s)) have no dayzero IR equivalent:\n"
+        + "\n".join(lines),
+        where=f"model {model_name}",
+        fix="add a converter for each op in compiler/frontend/aten/ (and an IR op in "
+            "compiler/ir/ops/ if the op set lacks one, see docs/ops.md), or register a torch "
+            "decomposition for it so it lowers to supported ops; rewriting the model line "
+            "shown avoids it too",
+        ops={name: m.count for name, m in missing.items()})

@@ -1,0 +1,97 @@
+"""`export`: a torch.nn.Module to a dayzero IR Graph, through torch.export.
+
+Three steps: trace with torch.export (non-strict, eval mode, no autograd), decompose with torch's
+default table minus the ops the IR keeps whole (`decompositions.py`), convert node by node
+(`program.py`). torch's own failures come back as a DayzeroError that keeps torch's key message.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from compiler.errors import DayzeroError
+from compiler.ir import Graph
+
+from .decompositions import decompose
+from .locations import parse_stack
+from .program import program_to_graph
+from .runtime_checks import drop_data_checks
+
+# Phrases in torch.export's messages -> what the user can do about them.
+_HINTS = [
+    ("Constraints violated", "change dynamic_shapes as torch suggests above (or relax the Dim "
+                             "ranges): the model forces those sizes to be static or related"),
+    ("data-dependent", "the model branches on tensor values or makes shapes from them; rewrite "
+                       "that line without data-dependent control flow, or make the input static"),
+    ("dynamic_shapes", "make dynamic_shapes match forward()'s arguments (one entry per input, "
+                       "a dict {axis: Dim} per tensor or None)"),
+]
+_GENERIC_FIX = ("make the model traceable by torch.export (see torch's message), e.g. replace "
+                "Python-side logic on tensor values with tensor ops")
+
+
+def export(model: torch.nn.Module, example_inputs: tuple, dynamic_shapes=None) -> Graph:
+    """Trace `model` on `example_inputs` and return its IR Graph with weights attached."""
+    _check_arguments(model, example_inputs)
+    program = _trace(model, tuple(example_inputs), dynamic_shapes)
+    try:
+        program = decompose(program)
+    except Exception as exc:  # torch's decompositions may raise anything
+        raise _export_error("torch could not decompose the exported program of", model,
+                            exc) from exc
+    drop_data_checks(program)
+    return program_to_graph(program, model)
+
+
+def _check_arguments(model, example_inputs) -> None:
+    if not isinstance(model, torch.nn.Module):
+        raise DayzeroError(f"expected a torch.nn.Module, got {type(model).__name__}",
+                           fix="wrap the function in an nn.Module whose forward calls it")
+    if not isinstance(example_inputs, (tuple, list)):
+        raise DayzeroError(f"example_inputs must be a tuple, got {type(example_inputs).__name__}",
+                           fix="pass a tuple of forward()'s positional arguments, e.g. (x,)")
+
+
+def _trace(model: torch.nn.Module, args: tuple, dynamic_shapes):
+    # eval() for tracing, then each submodule's own mode back: model.train(flag) would set one
+    # flag on every submodule and turn on the dropout of a wrapped model that was in eval mode.
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        with torch.no_grad():
+            return torch.export.export(model, args, dynamic_shapes=dynamic_shapes, strict=False)
+    except Exception as exc:  # torch.export raises many unrelated exception types
+        raise _export_error("torch.export could not trace", model, exc) from exc
+    finally:
+        for module, training in modes:
+            module.training = training
+
+
+def _export_error(what: str, model: torch.nn.Module, exc: Exception) -> DayzeroError:
+    text = str(exc).strip()
+    lines = [line.rstrip() for line in text.splitlines()]
+    key = next((line.strip() for line in lines if line.strip()), type(exc).__name__)
+    detail = [f"  {x.strip()}" for x in lines if x.strip().startswith("- ")][:5]
+    detail += _suggested_fixes(lines)
+    fix = next((hint for phrase, hint in _HINTS if phrase in text), _GENERIC_FIX)
+    message = f"{what} {type(model).__name__}: {type(exc).__name__}: {key}"
+    if detail:
+        message += "\n" + "\n".join(detail)
+    where = f"model {type(model).__name__}"
+    loc = parse_stack(text)
+    if loc is not None:
+        where += f", {loc.describe()}"
+    return DayzeroError(message, where=where, fix=fix)
+
+
+def _suggested_fixes(lines: list[str], limit: int = 12) -> list[str]:
+    """torch's 'Suggested fixes:' block (up to its first blank line): the exact remedy."""
+    for i, line in enumerate(lines):
+        if line.strip().startswith("Suggested fixes"):
+            block = [line.strip()]
+            for follow in lines[i + 1:i + limit]:
+                if not follow.strip():
+                    break
+                block.append("  " + follow.strip())
+            return ["  " + x for x in block]
+    return []

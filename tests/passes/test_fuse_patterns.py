@@ -1,0 +1,221 @@
+"""Every fusion pattern: IR text in -> IR text out (tests/passes/fuse_cases/), the same values as
+the unfused graph, and a second run that finds nothing left to do. Plus the cases each pattern
+must refuse, with the reason `explain` gives."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from textwrap import dedent
+
+import pytest
+import torch
+
+from compiler.ir import parse_ir, print_ir
+from passes import parse_pipeline
+from passes.fusion.sets import RULE_SETS
+from passes.rewrite import RuleSet, explain
+from tests.passes.fusion_util import assert_same_values, fuse_text
+
+CASES = Path(__file__).with_name("fuse_cases")
+NAMES = sorted(p.name[:-len(".dzir")] for p in CASES.glob("*.dzir")
+               if not p.name.endswith(".expected.dzir"))
+ALL_RULES = sum(RULE_SETS.values(), RuleSet())
+
+
+def _weights(text: str, seed: int = 3) -> dict[str, torch.Tensor]:
+    graph = parse_ir(text)
+    gen = torch.Generator().manual_seed(seed)
+    return {name: torch.randn([int(d) for d in v.shape], generator=gen).to(v.dtype.to_torch())
+            for name, v in graph.weights.items()}
+
+
+def test_every_pattern_set_has_cases():
+    assert len(NAMES) >= 18
+    fired = set()
+    for name in NAMES:
+        text = (CASES / f"{name}.dzir").read_text()
+        _, manager = fuse_text(text, "fuse", _weights(text))
+        fired |= {r.rule for r in manager.passes[0].records()}
+    every_rule = set(ALL_RULES.names) | {"merge_linears"}
+    # the constant causal mask has its own test below (it needs weight data)
+    assert every_rule - fired == {"attention_causal_constant"}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_pattern_text_in_text_out(name):
+    text = (CASES / f"{name}.dzir").read_text()
+    weights = _weights(text)
+    graph, manager = fuse_text(text, "fuse", weights)
+    assert print_ir(graph) == (CASES / f"{name}.expected.dzir").read_text()
+    assert parse_ir(print_ir(graph)) is not None  # origin attributes parse back
+    records = manager.passes[0].records()
+    assert records and all(r.replaced for r in records)
+    again = parse_pipeline("fuse")[0].run(graph)
+    assert again.changed is False
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_pattern_keeps_values(name):
+    text = (CASES / f"{name}.dzir").read_text()
+    weights = _weights(text)
+    graph, _ = fuse_text(text, "fuse", weights)
+    atol = 2e-2 if "bf16" in text else 1e-5
+    for seed in (0, 1):
+        assert_same_values(text, graph, weights, atol=atol, seed=seed)
+
+
+def test_fused_nodes_keep_anchor_loc_and_origin_round_trips():
+    text = (CASES / "rotary.dzir").read_text()
+    graph, _ = fuse_text(text)
+    (node,) = [n for n in graph.nodes if n.op == "rotary_embedding"]
+    assert node.loc == "llama.py:249"
+    parsed = parse_ir(print_ir(graph))
+    assert parsed.nodes[0].attrs["origin"] == node.attrs["origin"]
+    assert node.attrs["origin"][-1] == "%out add"
+
+
+def test_constant_causal_mask_becomes_is_causal():
+    text = """
+        graph main {
+          input %q: f32[1, 2, 6, 8]
+          input %k: f32[1, 2, 6, 8]
+          input %v: f32[1, 2, 6, 8]
+          weight @mask: f32[1, 1, 6, 6]
+          weight @not_causal: f32[1, 1, 6, 6]
+          %a: f32[1, 2, 6, 8] = scaled_dot_product_attention(%q, %k, %v, @mask) {scale=0.5}
+          %b: f32[1, 2, 6, 8] = scaled_dot_product_attention(%q, %k, %v, @not_causal) {scale=0.5}
+          return %a, %b
+        }
+    """
+    causal = torch.full((6, 6), float("-inf")).triu(1).reshape(1, 1, 6, 6)
+    other = causal.clone()
+    other[0, 0, 0, 5] = 0.0
+    weights = {"mask": causal, "not_causal": other}
+    graph, manager = fuse_text(text, "fuse", weights)
+    a, b = graph.nodes
+    assert a.attrs["is_causal"] is True and a.inputs[3] is None
+    assert b.attrs["is_causal"] is False and b.inputs[3].name == "not_causal"
+    assert [r.rule for r in manager.passes[0].records()] == ["attention_causal_constant"]
+    assert_same_values(text, graph, weights)
+
+
+# -- refusals: what must not fuse, and the reason given ------------------------------------------
+REFUSED = {
+    "mean over the first dim is not a norm": ("""
+        graph main {
+          input %x: f32[4, 8]
+          %sq: f32[4, 8] = mul(%x, %x)
+          %var: f32[1, 8] = mean(%sq) {dims=[0], keepdim=true}
+          %eps: f32[] = constant() {value=1e-06, dtype=f32}
+          %var_eps: f32[1, 8] = add(%var, %eps)
+          %r: f32[1, 8] = rsqrt(%var_eps)
+          %n: f32[4, 8] = mul(%x, %r)
+          return %n
+        }""", "n", "the mean is over dims [0], not the last dims of %x"),
+    "an intermediate read elsewhere": ("""
+        graph main {
+          input %x: f32[4, 8]
+          %sq: f32[4, 8] = mul(%x, %x)
+          %var: f32[4, 1] = mean(%sq) {dims=[-1], keepdim=true}
+          %eps: f32[] = constant() {value=1e-06, dtype=f32}
+          %var_eps: f32[4, 1] = add(%var, %eps)
+          %r: f32[4, 1] = rsqrt(%var_eps)
+          %n: f32[4, 8] = mul(%x, %r)
+          return %n, %var
+        }""", "n", "%var (mean) is a graph output and would be computed twice"),
+    "partial rotary": ("""
+        graph main {
+          input %x: f32[1, 2, 3, 16]
+          input %cos: f32[1, 1, 3, 16]
+          input %sin: f32[1, 1, 3, 16]
+          %xc: f32[1, 2, 3, 16] = mul(%x, %cos)
+          %x1: f32[1, 2, 3, 4] = slice(%x) {dim=3, start=0, end=4, step=1}
+          %x2: f32[1, 2, 3, 12] = slice(%x) {dim=3, start=4, end=16, step=1}
+          %nx2: f32[1, 2, 3, 12] = neg(%x2)
+          %rot: f32[1, 2, 3, 16] = concat(%nx2, %x1) {dim=-1}
+          %rs: f32[1, 2, 3, 16] = mul(%rot, %sin)
+          %out: f32[1, 2, 3, 16] = add(%xc, %rs)
+          return %out
+        }""", "out", "the halves [0:4] and [4:16] do not split 16 in two"),
+    "softmax over the query axis": ("""
+        graph main {
+          input %q: f32[1, 2, 4, 8]
+          input %k: f32[1, 2, 4, 8]
+          input %v: f32[1, 2, 4, 8]
+          %kt: f32[1, 2, 8, 4] = permute(%k) {dims=[0, 1, 3, 2]}
+          %s: f32[1, 2, 4, 4] = matmul(%q, %kt)
+          %p: f32[1, 2, 4, 4] = softmax(%s) {dim=2}
+          %out: f32[1, 2, 4, 8] = matmul(%p, %v)
+          return %out
+        }""", "out", "softmax over dim 2, not the key axis"),
+    "causal mask with a query offset": ("""
+        graph main {
+          input %q: f32[1, 2, 3, 8]
+          input %k: f32[1, 2, 5, 8]
+          input %v: f32[1, 2, 5, 8]
+          %ones: bool[3, 5] = full() {shape=[3, 5], value=true, dtype=bool}
+          %low: bool[3, 5] = tril(%ones) {diagonal=0}
+          %out: f32[1, 2, 3, 8] = scaled_dot_product_attention(%q, %k, %v, %low)
+          return %out
+        }""", "out", "query and key lengths differ (a cache offset needs an explicit mask)"),
+    "a constant tensor is no scalar (it would broadcast x)": ("""
+        graph main {
+          input %x: f32[8]
+          %half: f32[3, 8] = full() {shape=[3, 8], value=0.5, dtype=f32}
+          %root2: f32[] = constant() {value=1.4142135623730951, dtype=f32}
+          %one: f32[] = constant() {value=1.0, dtype=f32}
+          %s: f32[8] = div(%x, %root2)
+          %e: f32[8] = erf(%s)
+          %e1: f32[8] = add(%e, %one)
+          %hx: f32[3, 8] = mul(%x, %half)
+          %out: f32[3, 8] = mul(%hx, %e1)
+          return %out
+        }""", "out", "%half (full) is not a scalar constant"),
+    "a mask that adds batch dims": ("""
+        graph main {
+          input %q: f32[1, 2, 4, 8]
+          input %k: f32[1, 2, 4, 8]
+          input %v: f32[1, 2, 4, 8]
+          input %mask: f32[3, 1, 4, 4]
+          %kt: f32[1, 2, 8, 4] = permute(%k) {dims=[0, 1, 3, 2]}
+          %s: f32[1, 2, 4, 4] = matmul(%q, %kt)
+          %m: f32[3, 2, 4, 4] = add(%s, %mask)
+          %p: f32[3, 2, 4, 4] = softmax(%m) {dim=-1}
+          %out: f32[3, 2, 4, 8] = matmul(%p, %v)
+          return %out
+        }""", "out", "the mask broadcasts the scores to more batch dims than q has"),
+    "a bias add is not a residual add": ("""
+        graph main {
+          input %x: f32[2, 8]
+          input %b: f32[8]
+          %s: f32[2, 8] = add(%x, %b)
+          %out: f32[2, 8] = layer_norm(%s, _, _) {normalized_shape=[8]}
+          return %out
+        }""", "out", "%s broadcasts its operands: a bias or mask add, not a residual add"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_refused_patterns_say_why(case):
+    text, node, reason = REFUSED[case]
+    graph, manager = fuse_text(text)
+    assert print_ir(graph) == print_ir(parse_ir(dedent(text)))
+    assert manager.passes[0].records() == ()
+    if node is not None:
+        verdicts = dict(explain(graph, node, ALL_RULES))
+        assert reason in verdicts.values(), verdicts
+
+
+def test_horizontal_merge_needs_weight_data():
+    text = (CASES / "horiz.dzir").read_text()
+    graph, manager = fuse_text(text)  # a parsed graph: weights without data
+    assert [n.op for n in graph.nodes] == ["linear"] * 4
+    assert manager.passes[0].records() == ()
+
+
+def test_pattern_sets_can_be_switched_off():
+    text = (CASES / "mlp.dzir").read_text()
+    graph, manager = fuse_text(text, "fuse{mlp=false,horizontal=false}")
+    assert [n.op for n in graph.nodes] == ["fused_linear", "linear", "mul", "linear"]
+    assert [r.rule for r in manager.passes[0].records()] == ["linear_activation"]
+    assert manager.passes[0].spec() == "fuse{mlp=false,horizontal=false}"
