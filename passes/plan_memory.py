@@ -45,10 +45,23 @@ class PlanMemory(Pass):
     alignment: int = DEFAULT_ALIGNMENT
     inplace: bool = True
     algorithm: str = "all"
+    require_bounds: bool = False
 
     def run(self, graph: Graph) -> PassResult:
-        self.plan(graph)
+        if self.plannable(graph):
+            self.plan(graph)
         return PassResult(graph, False)
+
+    def plannable(self, graph: Graph) -> bool:
+        """False when a size symbol has no upper bound and no `sizes` entry: the default
+        pipeline then records no plan (backends allocate as they go) instead of failing;
+        `require_bounds=true` makes that an error."""
+        unbounded = [name for name, (_, hi) in graph.symbols.items()
+                     if hi is None and name not in parse_sizes(self.sizes)]
+        if unbounded and self.require_bounds:
+            raise DayzeroError(f"size symbol(s) {', '.join(unbounded)} have no upper bound",
+                               "pass plan_memory", "give sizes=SYMBOL:VALUE or bound the Dim")
+        return not unbounded
 
     def plan(self, graph: Graph) -> MemoryPlan:
         """The verified plan for `graph` in its current node order."""
@@ -69,4 +82,6 @@ def memory_plan_for(passes: Sequence[Pass], graph: Graph) -> dict[str, Any] | No
     Uses the options of the last `plan_memory` in the pipeline.
     """
     planners = [p for p in passes if isinstance(p, PlanMemory)]
-    return planners[-1].plan(graph).to_json() if planners else None
+    if not planners or not planners[-1].plannable(graph):
+        return None
+    return planners[-1].plan(graph).to_json()

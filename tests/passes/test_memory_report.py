@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import textwrap
 
+import pytest
 import torch
 
 from compiler.cli import main
@@ -97,3 +98,18 @@ def test_inspect_memory_refuses_a_stale_recorded_plan(tmp_path, capsys):
     path = write_artifact(tmp_path / "m.dz", g, "reference", manifest_extra={"memory_plan": plan})
     assert main(["inspect", str(path), "--memory"]) == 1
     assert "the plan places %a" in capsys.readouterr().err
+
+
+def test_unbounded_symbols_skip_planning_unless_bounds_required():
+    from compiler.errors import DayzeroError
+    from compiler.ir import parse_ir
+    from passes import parse_pipeline
+    from passes.plan_memory import memory_plan_for
+
+    graph = parse_ir("graph main {\n  symbol s0 in [1, inf]\n  input %x: f32[s0, 4]\n"
+                     "  %a: f32[s0, 4] = exp(%x)\n  %b: f32[s0, 4] = neg(%a)\n  return %b\n}\n")
+    assert memory_plan_for(parse_pipeline("plan_memory"), graph) is None
+    plan = memory_plan_for(parse_pipeline("plan_memory{sizes=s0:8}"), graph)
+    assert plan is not None
+    with pytest.raises(DayzeroError, match="no upper bound"):
+        parse_pipeline("plan_memory{require_bounds=true}")[0].run(graph)
