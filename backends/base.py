@@ -86,6 +86,10 @@ class Backend(ABC):
     def load(self, artifact: ArtifactView) -> Executable:
         """An executable for a finished artifact; must not execute code stored in it."""
 
+    def describe(self, artifact: ArtifactView) -> str | None:
+        """What this backend made of the graph, for `dayzero inspect` (None: nothing to add)."""
+        return None
+
     def observe(self, artifact: ArtifactView, values: Sequence[str]) -> Observer | None:
         """Optional, for `dayzero align`: like `load`, but each call also returns the
         intermediate `values` (IR value names of the artifact's graph) as computed, so they

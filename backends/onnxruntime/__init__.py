@@ -74,6 +74,10 @@ class OnnxRuntimeBackend(Backend):
         return {MODEL: lowered.model.SerializeToString(),
                 RECORD: json.dumps(record, indent=1).encode()}
 
+    def describe(self, artifact: ArtifactView) -> str:
+        """Which ONNX ops each IR node became, and the session options."""
+        return format_node_map(read_record(artifact))
+
     def load(self, artifact: ArtifactView) -> OrtExecutable:
         from .executable import OrtExecutable
         from .session import create_session

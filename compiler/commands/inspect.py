@@ -74,7 +74,19 @@ def inspect_command(args) -> int:
 
         print(par.comment(format_report(report)), end="")
     print(print_ir(graph), end="")
+    if manifest is not None and not partitioned:
+        _describe_backend(artifact)
     return 0
+
+
+def _describe_backend(artifact) -> None:
+    """The backend's own account of the lowering (e.g. IR node -> ONNX ops), as comments."""
+    import backends
+
+    text = backends.get(artifact.manifest["backend"]).describe(artifact)
+    if text:
+        print(f"# lowering by {artifact.manifest['backend']}:")
+        print("".join(f"#   {line}\n" for line in text.splitlines()), end="")
 
 
 def _kernels(args, graph) -> int:

@@ -177,3 +177,14 @@ def test_report_shows_fusion_counts_and_patterns(tmp_path, capsys):
     assert "add_rms_norm" in text and "attention_gqa" in text
     graph = (out / "graph.dzir").read_text()
     assert "gated_mlp(" in graph and "origin=" in graph
+
+
+def test_inspect_shows_onnx_ops_per_ir_node(tmp_path, capsys):
+    out = tmp_path / "mlp_ort.dz"
+    assert main(["compile", MLP, "-o", str(out), "--backend", "onnxruntime"]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "# lowering by onnxruntime:" in text
+    lowering = text.split("# lowering by onnxruntime:")[1]
+    assert "linear" in lowering and ("MatMul" in lowering or "Gemm" in lowering)
