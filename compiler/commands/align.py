@@ -22,6 +22,8 @@ def add_parser(sub) -> None:
     p.add_argument("--backend", metavar="NAME",
                    help="backend to compile a SPEC for (default onnxruntime); an ARTIFACT "
                    "runs on the backend it was compiled for")
+    p.add_argument("--fallback", metavar="NAME",
+                   help="backend for the nodes --backend does not support (as in compile)")
     p.add_argument("--config", metavar="FILE.yaml", help="compile config for a SPEC")
     p.add_argument("--passes", metavar="a,b,c", help="pass pipeline for a SPEC")
     p.add_argument("--artifact", metavar="ARTIFACT",
@@ -67,25 +69,38 @@ def _is_artifact(path: str) -> bool:
 
 
 def _target(args, log: StageLog):
+    import backends
+
     from ..spec import load_spec
     from ..tools.align_target import target_from_artifact, target_from_spec
 
     if _is_artifact(args.target):
-        for flag in ("config", "passes", "artifact", "backend"):
+        for flag in ("config", "passes", "artifact", "backend", "fallback"):
             if getattr(args, flag):
                 raise DayzeroError(f"--{flag} applies to a SPEC, not to an artifact",
                                    f"--{flag}", "drop it (an artifact runs on the backend it "
                                    "was compiled for), or give the SPEC instead")
         return target_from_artifact(args.target)
-    for flag in ("backend", "config", "passes"):
+    for flag in ("backend", "fallback", "config", "passes"):
         if args.artifact and getattr(args, flag):
             raise DayzeroError(f"--{flag} with --artifact: the artifact is already compiled "
                                "(for its own backend, config and passes)", f"--{flag}",
                                f"drop --{flag}, or drop --artifact to compile the SPEC")
+    # the backend first: some configure their runtime on import, before torch.export runs
+    for name in ([_artifact_backend(args.artifact)] if args.artifact else
+                 [args.backend or "onnxruntime", *([args.fallback] if args.fallback else [])]):
+        backends.get(name)
     with log.stage("load", args.target):
         spec = load_spec(args.target)
     return target_from_spec(spec, backend=args.backend or "onnxruntime", config=args.config,
-                            passes=args.passes, artifact=args.artifact, log=log)
+                            passes=args.passes, artifact=args.artifact, log=log,
+                            fallback=args.fallback)
+
+
+def _artifact_backend(path: str) -> str:
+    from runtime import open_artifact
+
+    return open_artifact(path, verify="size").backend
 
 
 def _inputs(args, target):

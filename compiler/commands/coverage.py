@@ -19,6 +19,8 @@ def add_parser(sub) -> None:
     p.add_argument("spec", metavar="SPEC", help="path/to/file.py:function")
     p.add_argument("--backend", action="append", metavar="NAME",
                    help="judge only this backend (repeatable; default: every installed one)")
+    p.add_argument("--fallback", metavar="NAME",
+                   help="count what NAME runs as runnable, as `compile --fallback NAME` does")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(handler=coverage_command)
 
@@ -32,14 +34,14 @@ def coverage_command(args) -> int:
 
     log = StageLog(sys.stderr)
     names = args.backend or backends.available()
-    for name in args.backend or ():
+    for name in [*(args.backend or ()), *([args.fallback] if args.fallback else [])]:
         backends.get(name)  # an unknown name is an error, not a skipped column
     with log.stage("load", args.spec):
         spec = load_spec(args.spec)
     with log.stage("export", "(no compiling)"):
         partial = export_partial(spec.module, spec.example_inputs, spec.dynamic_shapes)
     report = coverage_report(type(spec.module).__name__, op_uses(partial.graph, partial.missing),
-                             names)
+                             names, fallback=args.fallback)
     if args.json:
         print(json.dumps(report.to_json(), indent=1))
     else:

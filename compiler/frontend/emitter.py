@@ -14,7 +14,7 @@ from typing import Any
 import sympy
 import torch
 
-from compiler.ir import DType, Graph, TensorType, Value
+from compiler.ir import DType, Graph, Value
 from compiler.ir.symbolic import Dim
 
 from .symbols import SymbolMap
@@ -70,9 +70,6 @@ class Emitter:
 
     def out_shape(self, index: int = 0) -> list[Dim]:
         return [self.symbols.expr(d) for d in self._out(index).shape]
-
-    def out_type(self, index: int = 0) -> TensorType:
-        return TensorType(self.out_dtype(index), tuple(self.out_shape(index)))
 
     # -- building ------------------------------------------------------------------------------
     def ops(self, op: str, *inputs: Value | None, **attrs: Any) -> list[Value]:

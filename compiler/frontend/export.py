@@ -1,8 +1,9 @@
 """`export`: a torch.nn.Module to a dayzero IR Graph, through torch.export.
 
-Three steps: trace with torch.export (non-strict, eval mode, no autograd), decompose with torch's
-default table minus the ops the IR keeps whole (`decompositions.py`), convert node by node
-(`program.py`). torch's own failures come back as a DayzeroError that keeps torch's key message.
+Steps: trace with torch.export (non-strict, eval mode, no autograd); decompose with torch's default
+table minus the ops the IR keeps whole (`decompositions.py`); drop data-dependent runtime checks
+(`runtime_checks.py`); convert node by node (`program.py`). torch's own failures come back as a
+DayzeroError that keeps torch's key message.
 """
 
 from __future__ import annotations

@@ -63,11 +63,12 @@ def target_from_artifact(path: str | Path) -> AlignTarget:
 
 def target_from_spec(spec, backend: str = "onnxruntime", config: Any = None,
                      passes: str | None = None, artifact: str | Path | None = None,
-                     log: StageLog = SILENT, reference: Graph | None = None) -> AlignTarget:
+                     log: StageLog = SILENT, reference: Graph | None = None,
+                     fallback: str | None = None) -> AlignTarget:
     """Export `spec` (a `compiler.spec.ModelSpec`) and compile it, or take `artifact`.
 
     `reference`, when given, is the spec's exported graph (left unchanged), to export once for
-    several alignments."""
+    several alignments; `fallback` is `compile --fallback`."""
     from compiler.frontend import export
 
     if reference is None:
@@ -78,7 +79,7 @@ def target_from_spec(spec, backend: str = "onnxruntime", config: Any = None,
     if artifact is None:
         tmp = tempfile.TemporaryDirectory(prefix="dayzero-align-")
         artifact = _compile(_copy(reference), Path(tmp.name) / "model.dz", backend, config,
-                            passes, log)
+                            passes, fallback, log)
     try:
         opened = _open(artifact)
         compiled = parse_ir(opened.graph_text(), source=f"{artifact}/graph.dzir")
@@ -100,7 +101,7 @@ def _copy(graph: Graph) -> Graph:
 
 
 def _compile(graph: Graph, out: Path, backend: str, config: Any, passes: str | None,
-             log: StageLog) -> Path:
+             fallback: str | None, log: StageLog) -> Path:
     import backends
     from compiler.config import load_config
     from compiler.driver import _refuse_unimplemented, lower_and_write
@@ -111,7 +112,7 @@ def _compile(graph: Graph, out: Path, backend: str, config: Any, passes: str | N
         raise DayzeroError("align runs one process; the config asks for a parallel layout",
                            "config parallel:", "align without the parallel section")
     return lower_and_write(graph, out, backends.get(backend), cfg, passes=passes, dump_ir=None,
-                           force=False, log=log)
+                           force=False, log=log, fallback=fallback)
 
 
 def _open(path: str | Path):
@@ -156,12 +157,16 @@ def run_alignment(target: AlignTarget, inputs: Sequence[np.ndarray], atol: float
 def eager_difference(module, inputs: Sequence[np.ndarray],
                      reference_outputs: Sequence[np.ndarray]) -> float | None:
     """Max abs difference of the reference graph's outputs from the torch module's (None when
-    the module's outputs do not line up with the graph's)."""
+    the module refuses the inputs, e.g. random ids without LLaVA's image tokens, or its outputs
+    do not line up with the graph's)."""
     import torch
     import torch.utils._pytree as pytree
 
-    with torch.no_grad():
-        eager = pytree.tree_leaves(module(*[torch.from_numpy(np.array(x)) for x in inputs]))
+    try:
+        with torch.no_grad():
+            eager = pytree.tree_leaves(module(*[torch.from_numpy(np.array(x)) for x in inputs]))
+    except Exception:  # the module's own checks may refuse inputs the graph accepts
+        return None
     if len(eager) != len(reference_outputs):
         return None
     diffs = []

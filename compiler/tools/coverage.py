@@ -6,8 +6,9 @@ conversion, plus the ATen ops the frontend could not convert), each with its cou
 source line that uses it, and per backend a verdict:
 
 - supported: the backend runs every node of the op (`Backend.supports`);
-- fallback: some nodes are not supported as such, but the op's decomposition
-  (compiler/ir/ops/fused.py) is, so a `decompose_fused{ops=all}` pass makes it run;
+- fallback: some nodes are not supported as such, but they run another way, as the compile
+  driver would do it: on the `fallback` backend (`compile --fallback NAME`), or as the op's
+  decomposition (compiler/ir/ops/fused.py) into ops that run;
 - missing: neither. An ATen op the frontend cannot convert is missing on every backend.
 
 Verdicts read only capabilities and node types, so nothing is compiled or run.
@@ -115,17 +116,29 @@ def op_uses(graph: Graph, missing: Sequence[MissingOp]) -> list[OpUse]:
     return list(uses.values()) + aten
 
 
-def judge(backend, use: OpUse) -> Verdict:
-    """The backend's verdict on one op of the model (see the module docstring)."""
+def judge(backend, use: OpUse, fallback=None) -> Verdict:
+    """The backend's verdict on one op of the model (see the module docstring); `fallback` is
+    the backend given to `compile --fallback`, if any."""
     if use.source == "aten":
         return Verdict("missing", "the frontend has no IR for it (compiler/frontend/aten/)")
     unsupported = [n for n in use.nodes if not backend.supports(n)]
     if not unsupported:
         return Verdict("supported")
-    if all(_decomposes_to_supported(backend, n, _MAX_DEPTH) for n in unsupported):
-        return Verdict("fallback", f"decomposes to {', '.join(_decomposition_ops(use.nodes[0]))}"
-                                   " (add decompose_fused{ops=all} to the passes)")
+    runs = _runs_on(backend, fallback)
+    if fallback is not None and all(fallback.supports(n) for n in unsupported):
+        return Verdict("fallback", f"runs on {fallback.name} (compile --fallback "
+                                   f"{fallback.name})")
+    if all(_decomposes_to_supported(runs, n, _MAX_DEPTH) for n in unsupported):
+        return Verdict("fallback", "runs as its decomposition into "
+                                   f"{', '.join(_decomposition_ops(unsupported[0]))}")
     return Verdict("missing", _why(backend, use, unsupported))
+
+
+def _runs_on(backend, fallback):
+    """`supports` of the backend together with its fallback backend."""
+    if fallback is None:
+        return backend.supports
+    return lambda node: backend.supports(node) or fallback.supports(node)
 
 
 def _why(backend, use: OpUse, unsupported: list[Node]) -> str:
@@ -159,18 +172,21 @@ def _decomposition_ops(node: Node) -> list[str]:
     return list(dict.fromkeys(n.op for n in created))
 
 
-def _decomposes_to_supported(backend, node: Node, depth: int) -> bool:
+def _decomposes_to_supported(supports, node: Node, depth: int) -> bool:
     created = _decomposition(node)
     if created is None or depth == 0:
         return False
-    return all(backend.supports(n) or _decomposes_to_supported(backend, n, depth - 1)
+    return all(supports(n) or _decomposes_to_supported(supports, n, depth - 1)
                for n in created)
 
 
-def coverage_report(model_name: str, uses: list[OpUse], names: Sequence[str]) -> CoverageReport:
-    """Judge `uses` on each backend in `names`; a backend that cannot start is skipped, noted."""
+def coverage_report(model_name: str, uses: list[OpUse], names: Sequence[str],
+                    fallback: str | None = None) -> CoverageReport:
+    """Judge `uses` on each backend in `names` (with `fallback` as `compile --fallback` for
+    the others); a backend that cannot start is skipped, and noted."""
     import backends
 
+    helper = backends.get(fallback) if fallback else None
     judged, skipped, verdicts = [], {}, {}
     for name in names:
         try:
@@ -179,6 +195,7 @@ def coverage_report(model_name: str, uses: list[OpUse], names: Sequence[str]) ->
             skipped[name] = exc.what
             continue
         judged.append(name)
+        other = helper if name != fallback else None
         for use in uses:
-            verdicts[(use.op, name)] = judge(backend, use)
+            verdicts[(use.op, name)] = judge(backend, use, other)
     return CoverageReport(model_name, uses, judged, verdicts, skipped)

@@ -100,7 +100,15 @@ def test_fallback_through_a_decomposition(registered, capsys):
     out = capsys.readouterr().out
     assert "coverage decomposing: 3/3 ops (100.0%), 1 by fallback: gelu" in out
     assert "coverage no_erf: 2/3 ops (66.7%), 1 missing: gelu" in out
-    assert "decomposing: gelu: decomposes to" in out
+    assert "decomposing: gelu: runs as its decomposition into" in out
+
+
+def test_fallback_to_another_backend(registered, capsys):
+    registered("linear_only", _only("linear"))
+    assert main(["coverage", MLP, "--backend", "linear_only", "--fallback", "reference"]) == 0
+    out = capsys.readouterr().out
+    assert "coverage linear_only: 3/3 ops (100.0%), 2 by fallback: gelu, layer_norm" in out
+    assert "linear_only: gelu, layer_norm: runs on reference (compile --fallback reference)" in out
 
 
 def _mlp_args():
