@@ -4,7 +4,8 @@ Per node: size arithmetic (sym_size, operator.mul, ...) becomes a sympy expressi
 environment, never an IR node; getitem picks a result of a multi-result node; every ATen overload
 goes through its converter, whose result types are then checked against what torch recorded in
 `meta['val']`. Nodes the IR cannot express are collected, not raised one by one, so the user sees
-every missing op at once; nodes downstream of a missing value are skipped silently.
+every missing op at once: a missing node's result is stood in for by a value of torch's type, so
+the nodes after it are still converted (into a graph that is then discarded) and checked too.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from .locations import Location, node_location
 from .symbols import SymbolMap, UnsupportedSymbol
 
 MISSING = object()  # a value nothing can stand in for (see `placeholder_for`)
-
 
 
 class ConversionError(RuntimeError):

@@ -17,7 +17,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from compiler.errors import DayzeroError
 from compiler.ir import Graph, TensorType, Value, verify
 
-from .convert import MISSING, FxConverter, unsupported_error
+from .convert import FxConverter, unsupported_error
 from .emitter import Unsupported, ir_dtype
 from .locations import Location, module_location
 from .symbols import SymbolMap, UnsupportedSymbol
@@ -134,7 +134,7 @@ def _outputs(ep: ExportedProgram, converter: FxConverter, graph: Graph) -> list[
     values: list[Value] = []
     for name, arg in zip(names, flat):
         value = converter.lookup(arg)
-        if not isinstance(value, Value) or value is MISSING:
+        if not isinstance(value, Value):
             raise DayzeroError(f"output {name} is not a tensor ({type(value).__name__})",
                                fix="return tensors only (or drop the non-tensor outputs)")
         if value.producer is not None and value not in values:
