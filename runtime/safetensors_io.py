@@ -167,61 +167,72 @@ def _torch_bytes(tensor: Any, name: str) -> tuple[np.ndarray, DType, tuple[int, 
 
 # -- reading -----------------------------------------------------------------------------------
 
-def read_header(path: Path, label: str) -> dict[str, TensorEntry]:
+def read_header(path: Path, label: str,
+                error: Callable[[str, str | None], Exception] | None = None,
+                ) -> dict[str, TensorEntry]:
     """Entries of a safetensors file, after checking the header is sane and covers the data.
 
     Checks: the length prefix fits the file, the header is JSON, every dtype is known, every
     tensor's byte range matches its shape and lies in the file, and the ranges tile the data
-    region exactly (no overlaps, holes or trailing bytes). `label` names the file in errors.
+    region exactly (no overlaps, holes or trailing bytes). `label` names the file in errors;
+    `error(what, tensor)` makes the exception (an ArtifactError by default), so the checkpoint
+    reader shares these checks and words its own fix.
     """
+    bad = error or (lambda what, tensor=None: _bad(label, what))
     size = path.stat().st_size
     with open(path, "rb") as f:
         prefix = f.read(8)
         if len(prefix) < 8:
-            raise _bad(label, f"is {size} bytes, too short for a safetensors header")
+            raise bad(f"is {size} bytes, too short for a safetensors header", None)
         (length,) = struct.unpack("<Q", prefix)
         if length > min(size - 8, MAX_HEADER_BYTES):
-            raise _bad(label, f"declares a {length}-byte header in a {size}-byte file")
+            raise bad(f"declares a {length}-byte header but the file has {size} bytes "
+                      "(truncated, or not a safetensors file)", None)
         try:
             header = json.loads(f.read(length))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise _bad(label, f"has a header that is not JSON ({exc})") from None
+            raise bad(f"has a header that is not JSON ({exc})", None) from None
     if not isinstance(header, dict):
-        raise _bad(label, "has a header that is not a JSON object")
+        raise bad("has a header that is not a JSON object", None)
     start = 8 + length
-    entries = [_entry(label, name, info, start) for name, info in header.items()
+    entries = [_entry(bad, name, info, start) for name, info in header.items()
                if name != "__metadata__"]
-    _check_tiling(label, entries, start, size)
+    _check_tiling(bad, entries, start, size)
     return {e.name: e for e in entries}
 
 
-def _entry(label: str, name: str, info: Any, start: int) -> TensorEntry:
+def _entry(bad, name: str, info: Any, start: int) -> TensorEntry:
     try:
         dtype = IR_DTYPES[info["dtype"]]
         shape = tuple(info["shape"])
         begin, end = info["data_offsets"]
-        ok = all(type(x) is int and x >= 0 for x in (*shape, begin, end))
+        ok = all(type(x) is int and x >= 0 for x in (*shape, begin, end)) and begin <= end
     except (KeyError, TypeError, ValueError):
         ok = False
     if not ok:
-        raise _bad(label, f"has an unreadable header entry for tensor '{name}': {info!r}")
-    if end - begin != math.prod(shape) * dtype.itemsize:
-        raise _bad(label, f"tensor '{name}' spans {end - begin} bytes but "
-                          f"{dtype}{list(shape)} needs {math.prod(shape) * dtype.itemsize}")
+        raise bad(f"has an unreadable header entry for tensor '{name}': {info!r}", name)
+    need = math.prod(shape) * dtype.itemsize
+    if end - begin != need:
+        raise bad(f"says tensor '{name}' ({dtype}{list(shape)}, {need} bytes) spans bytes "
+                  f"{begin}..{end} ({end - begin} bytes): the header lies about its offsets", name)
     return TensorEntry(name, dtype, shape, start + begin, start + end)
 
 
-def _check_tiling(label: str, entries: list[TensorEntry], start: int, size: int) -> None:
+def _check_tiling(bad, entries: list[TensorEntry], start: int, size: int) -> None:
     cursor = start
     for entry in sorted(entries, key=lambda e: (e.begin, e.end)):
         if entry.begin != cursor:
-            what = "overlaps another tensor" if entry.begin < cursor else "leaves a hole before it"
-            raise _bad(label, f"tensor '{entry.name}' {what} (offset {entry.begin - start})")
+            what = "overlaps the tensor before it" if entry.begin < cursor else \
+                "leaves a hole before it"
+            raise bad(f"places tensor '{entry.name}' at offset {entry.begin - start}, which "
+                      f"{what}: the header lies about its offsets", entry.name)
         cursor = entry.end
     if cursor > size:
-        raise _bad(label, f"is truncated: its tensors end at byte {cursor}, the file at {size}")
+        last = max(entries, key=lambda e: e.end)
+        raise bad(f"is truncated: its header needs {cursor} bytes, the file has {size}",
+                  last.name)
     if cursor < size:
-        raise _bad(label, f"has {size - cursor} stray bytes after its last tensor")
+        raise bad(f"has {size - cursor} stray bytes after its last tensor", None)
 
 
 def _bad(label: str, what: str) -> ArtifactError:

@@ -11,27 +11,17 @@ upload or a half-finished download shows up, and it should be named here, not cr
 from __future__ import annotations
 
 import json
-import math
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from compiler.errors import DayzeroError
 from compiler.ir import DType
+from runtime import safetensors_io
 
 CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
-MAX_HEADER_BYTES = 100 * 2**20  # the safetensors library's own limit
-
-# safetensors dtype tag -> IR dtype (runtime.safetensors_io holds the same table for artifacts;
-# the compiler reads checkpoints without importing the runtime's writer)
-ST_DTYPES: dict[str, DType] = {
-    "F64": DType.f64, "F32": DType.f32, "F16": DType.f16, "BF16": DType.bf16,
-    "F8_E4M3": DType.f8e4m3, "F8_E5M2": DType.f8e5m2, "I64": DType.i64, "I32": DType.i32,
-    "I16": DType.i16, "I8": DType.i8, "U8": DType.u8, "BOOL": DType.bool,
-}
 
 
 class CheckpointError(DayzeroError):
@@ -171,67 +161,12 @@ def _check_index(root: Path, expected: dict[str, str], tensors: dict[str, Tensor
 
 
 def read_header(path: Path, label: str) -> dict[str, TensorRecord]:
-    """A safetensors file's records, after checking the header against the file.
-
-    Checks: the length prefix fits the file, the header is a JSON object, every dtype is known,
-    every byte range matches its shape, and the ranges tile the data region exactly (no overlap,
-    no hole, no truncation, no trailing bytes). `label` names the file in records and errors.
-    """
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        prefix = f.read(8)
-        if len(prefix) < 8:
-            raise _bad(path, f"is {size} bytes, too short for a safetensors header")
-        (length,) = struct.unpack("<Q", prefix)
-        if length > min(size - 8, MAX_HEADER_BYTES):
-            raise _bad(path, f"declares a {length}-byte header but the file has {size} bytes "
-                             "(truncated, or not a safetensors file)")
-        try:
-            header = json.loads(f.read(length))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise _bad(path, f"has a header that is not JSON ({exc})") from None
-    if not isinstance(header, dict):
-        raise _bad(path, "has a header that is not a JSON object")
-    start = 8 + length
-    records = [_record(path, label, name, info, start) for name, info in header.items()
-               if name != "__metadata__"]
-    _check_tiling(path, records, start, size)
-    return {r.name: r for r in records}
-
-
-def _record(path: Path, label: str, name: str, info: Any, start: int) -> TensorRecord:
-    try:
-        dtype = ST_DTYPES[info["dtype"]]
-        shape = tuple(info["shape"])
-        begin, end = info["data_offsets"]
-        ok = all(type(x) is int and x >= 0 for x in (*shape, begin, end)) and begin <= end
-    except (KeyError, TypeError, ValueError):
-        ok = False
-    if not ok:
-        raise _bad(path, f"has an unreadable header entry for tensor '{name}': {info!r}", name)
-    need = math.prod(shape) * dtype.itemsize
-    if end - begin != need:
-        raise _bad(path, f"says tensor '{name}' ({dtype}{list(shape)}, {need} bytes) spans "
-                         f"bytes {begin}..{end} ({end - begin} bytes): the header lies about "
-                         "its offsets", name)
-    return TensorRecord(name, label, dtype, shape, start + begin, start + end)
-
-
-def _check_tiling(path: Path, records: list[TensorRecord], start: int, size: int) -> None:
-    cursor = start
-    for record in sorted(records, key=lambda r: (r.begin, r.end)):
-        if record.begin != cursor:
-            what = "overlaps the tensor before it" if record.begin < cursor else \
-                "leaves a hole before it"
-            raise _bad(path, f"places tensor '{record.name}' at offset {record.begin - start}, "
-                             f"which {what}: the header lies about its offsets", record.name)
-        cursor = record.end
-    if cursor > size:
-        last = max(records, key=lambda r: r.end)
-        raise _bad(path, f"is truncated: its header needs {cursor} bytes, the file has {size}",
-                   last.name)
-    if cursor < size:
-        raise _bad(path, f"has {size - cursor} stray bytes after its last tensor")
+    """A shard's records, after the artifact reader's checks of the header against the file
+    (runtime.safetensors_io.read_header), with errors worded for a downloaded checkpoint."""
+    entries = safetensors_io.read_header(path, label,
+                                         error=lambda what, tensor: _bad(path, what, tensor))
+    return {name: TensorRecord(name, label, e.dtype, e.shape, e.begin, e.end)
+            for name, e in entries.items()}
 
 
 def _bad(path: Path, what: str, tensor: str | None = None) -> CheckpointError:
