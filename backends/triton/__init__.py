@@ -1,4 +1,4 @@
-"""The triton backend: generated Triton kernels for fusion groups, host ops for the rest.
+"""The triton backend: generated Triton kernels (fusion groups, GEMMs), host ops for the rest.
 
 Lowering stores no code: `backend/kernels.json` lists each kernel (name, member nodes, sha256 of
 its source) and the sha256 of the whole kernel module. Loading regenerates the kernels from
@@ -26,16 +26,18 @@ from compiler.ir import OPS, Graph, Node, parse_ir, print_ir
 from ..base import ArtifactView, Backend, Capabilities, Executable, WeightLocation
 from ..partition import Segment, assign, segments, subgraph
 from .emit import POW_EXPONENTS
+from .matmul import MATMUL_OPS
 from .plan import KERNEL_OPS, constants, module_source, plan, sha256
 
 KERNELS_FILE = "kernels.json"
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2  # 2: matmul/linear/fused_linear as generated GEMM kernels
 
 # Ops run on the host next to the kernels: zero-copy views, data movement, creation, and the
-# library calls (torch.matmul for matmul/linear, embedding gathers, attention).
+# library calls (embedding gathers, indexing, attention). MATMUL_OPS are GEMM kernels, or
+# torch.matmul where the template does not fit.
 HOST_KINDS = frozenset({"view", "data_movement", "creation"})
-HOST_OPS = frozenset({"matmul", "linear", "embedding", "scaled_dot_product_attention", "index",
-                      "index_select", "gather", "cumsum"})
+HOST_OPS = frozenset({"embedding", "scaled_dot_product_attention", "index", "index_select",
+                      "gather", "cumsum", "masked_scatter"})
 DTYPES = frozenset({"f32", "f16", "bf16", "i64", "i32", "bool"})
 
 
@@ -74,18 +76,27 @@ def device() -> str:
 
 def supported_ops() -> frozenset[str]:
     host = {name for name, op in OPS.items() if op.kind in HOST_KINDS}
-    return frozenset(KERNEL_OPS | HOST_OPS | host)
+    return frozenset(KERNEL_OPS | MATMUL_OPS | HOST_OPS | host)
 
 
 class TritonBackend(Backend):
     name = "triton"
+    # Cleanup, causal masks proved, pattern fusion (the attention block stays split: the flash
+    # kernel takes [b, h, s, d] heads), fusion groups (one generated kernel each) and the memory
+    # plan the executable places intermediates with.
+    default_pipeline = ("remove_noops,fold_constants,eliminate_common_subexpressions,"
+                        "recognize_causal_masks,eliminate_dead_code,fuse{heads=false},fuse_groups,"
+                        "plan_memory")
 
     def capabilities(self) -> Capabilities:
         return Capabilities(ops=supported_ops(), dtypes=DTYPES, symbolic_shapes=True, notes={
             "pow": "only with a constant exponent in {" +
                    ", ".join(str(e) for e in sorted(POW_EXPONENTS)) + "}",
             "scaled_dot_product_attention": "flash-style Triton kernel for 4-d float q/k/v; "
-                                            "other ranks run through torch"})
+                                            "other ranks run through torch",
+            **{op: "tiled GEMM kernel with the bias and activation fused (f32/f16/bf16); "
+                   "integer dtypes and matrix-vector products run through torch.matmul"
+               for op in sorted(MATMUL_OPS)}})
 
     def supports(self, node: Node) -> bool:
         if not super().supports(node):
@@ -99,14 +110,17 @@ class TritonBackend(Backend):
 
     def lower(self, graph: Graph, weights: Mapping[str, WeightLocation],
               options: Mapping[str, Any]) -> dict[str, bytes]:
-        unknown = sorted(set(options) - {"fallback"})
+        unknown = sorted(set(options) - {"fallback", "fallback_options"})
         if unknown:
-            raise DayzeroError(f"unknown triton backend option(s) {unknown}", "backend options",
-                               "the triton backend takes only 'fallback' (a backend name)")
+            raise DayzeroError(f"unknown triton backend option(s) {unknown}",
+                               "backend_options.triton",
+                               "the triton backend takes 'fallback' (a backend name) and "
+                               "'fallback_options' (that backend's options)")
         files: dict[str, bytes] = {}
         foreign: list[Segment] = []
         if options.get("fallback"):
-            foreign = self._lower_fallback(graph, weights, options["fallback"], files)
+            foreign = self._lower_fallback(graph, weights, options["fallback"], files,
+                                           options.get("fallback_options") or {})
         steps = plan(graph, _foreign_nodes(foreign))
         kernels = [{"name": s.kernel.name, "nodes": list(s.kernel.nodes),
                     "sha256": sha256(s.kernel.source)} for s in steps if s.kernel]
@@ -118,7 +132,7 @@ class TritonBackend(Backend):
         return files
 
     def _lower_fallback(self, graph: Graph, weights: Mapping[str, WeightLocation], name: str,
-                        files: dict[str, bytes]) -> list[Segment]:
+                        files: dict[str, bytes], options: Mapping[str, Any]) -> list[Segment]:
         """Tag nodes, and lower each fallback segment with the fallback backend into
         fallback/<i>/ (with its graph text, which the fallback's `load` may read)."""
         from ..registry import get
@@ -128,12 +142,15 @@ class TritonBackend(Backend):
         foreign = [seg for seg in parts if seg.backend != self.name]
         for i, seg in enumerate(foreign):
             sub = subgraph(graph, seg)
-            payload = fallback.lower(sub, {w: weights[w] for w in sub.weights}, {})
+            payload = fallback.lower(sub, {w: weights[w] for w in sub.weights}, options)
             files.update((f"fallback/{i}/{rel}", data) for rel, data in payload.items())
             files[f"fallback/{i}/graph.dzir"] = print_ir(sub).encode()
         return foreign
 
-    def load(self, artifact: ArtifactView) -> Executable:
+    def load(self, artifact: ArtifactView, *,
+             session: Mapping[str, Any] | None = None) -> Executable:
+        """`session` overrides the fallback segments' session settings (onnxruntime's threads
+        and spinning) for this run; the Triton kernels themselves have none."""
         where = f"{artifact.root}/backend/{KERNELS_FILE}"
         graph = parse_ir(artifact.graph_text(), source=f"{artifact.root}/graph.dzir")
         try:
@@ -154,7 +171,8 @@ class TritonBackend(Backend):
         from ..registry import get
         from .executable import TritonExecutable, import_kernels
 
-        fallbacks = [(seg, get(seg.backend).load(_SegmentView(artifact, f"fallback/{i}")))
+        extra = {"session": session} if session else {}
+        fallbacks = [(seg, get(seg.backend).load(_SegmentView(artifact, f"fallback/{i}"), **extra))
                      for i, seg in enumerate(foreign)]
         memory = artifact.manifest.get("memory_plan") or {}
         slots = {b["value"]: (int(b["offset"]), int(b["size"])) for b in memory.get("buffers", [])}

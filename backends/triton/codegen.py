@@ -74,8 +74,10 @@ def _fits(shape: Sequence[object], domain: Sequence[object]) -> bool:
 def _trailing(node: Node) -> int:
     """How many trailing dims of its input a row op reduces; Unsupported if not trailing."""
     rank = node.inputs[0].type.rank
+    if rank == 0:
+        return 1  # one row of one element: plan_domain makes F [1]
     if node.op in ("softmax", "log_softmax"):
-        dims = [node.attrs["dim"] % max(rank, 1)] if rank else []
+        dims = [node.attrs["dim"] % rank]
     elif node.op in ("layer_norm", "rms_norm"):
         return len(node.attrs["normalized_shape"])
     else:
@@ -91,7 +93,7 @@ def plan_domain(nodes: Sequence[Node]) -> tuple[tuple[object, ...], int]:
     rows = [n for n in nodes if n.op in ROW_OPS]
     if not rows:
         return broadcast([n.outputs[0].shape for n in nodes]), 0
-    domain = tuple(rows[0].inputs[0].shape)
+    domain = tuple(rows[0].inputs[0].shape) or (1,)
     reduced = _trailing(rows[0])
     for node in rows[1:]:
         if not (equal(product(node.inputs[0].shape), product(domain))
@@ -160,7 +162,7 @@ class _Writer:
             self.is_row[id(out)] = node.op not in VECTOR_RESULT
         else:
             self.lines.append(f"{var} = {self._elementwise(node, args)}")
-            self.is_row[id(out)] = all(self.is_row[id(v)] for v in node.inputs)
+            self.is_row[id(out)] = all(self.is_row[id(v)] for v in needed if v is not None)
         self.expr[id(out)] = var
 
     def _alias(self, node: Node, arg: str) -> None:

@@ -41,6 +41,30 @@ def _clamp(a: list[str], attrs: Mapping[str, Any]) -> str:
     return x
 
 
+def _trunc(x: str) -> str:
+    return f"tl.where({x} < 0, tl.ceil({x}), tl.floor({x}))"
+
+
+def _round(a: list[str], attrs: Mapping[str, Any]) -> str:
+    """Half to even, as torch rounds: x - floor(x) is exact, so ties are seen exactly."""
+    x = a[0]
+    low, frac = f"tl.floor({x})", f"({x} - tl.floor({x}))"
+    odd = f"({low} - 2.0 * tl.floor({low} * 0.5) != 0)"
+    return f"tl.where(({frac} > 0.5) | (({frac} == 0.5) & {odd}), {low} + 1.0, {low})"
+
+
+# e^(x - ln 2) is e^x / 2 without overflowing where e^x alone would (x in (88.7, 89.4)).
+_HALF_EXP = "tl.exp({} - 0.6931471805599453)"
+
+
+def _sinh(x: str) -> str:
+    """Near 0 the difference of exponentials cancels: a Taylor series there (|x| < 0.5)."""
+    x2 = f"({x} * {x})"
+    series = f"({x} * (1.0 + {x2} / 6.0 * (1.0 + {x2} / 20.0 * (1.0 + {x2} / 42.0))))"
+    exps = f"({_HALF_EXP.format(x)} - {_HALF_EXP.format('-' + x)})"
+    return f"tl.where(tl.abs({x}) < 0.5, {series}, {exps})"
+
+
 ELEMENTWISE: dict[str, Emit] = {
     "add": _f("({0} + {1})"),
     "sub": _f("({0} - {1})"),
@@ -52,6 +76,7 @@ ELEMENTWISE: dict[str, Emit] = {
     "exp2": _f("tl.exp2({0})"),
     "log": _f("tl.log({0})"),
     "log2": _f("tl.log2({0})"),
+    "log10": _f("(tl.log({0}) * 0.4342944819032518)"),
     "log1p": _f("tl.log(1.0 + {0})"),
     "expm1": _f("(tl.exp({0}) - 1.0)"),
     "sqrt": _f("tl.sqrt({0})"),
@@ -65,8 +90,19 @@ ELEMENTWISE: dict[str, Emit] = {
     "erf": _f("tl.erf({0})"),
     "sin": _f("tl.sin({0})"),
     "cos": _f("tl.cos({0})"),
+    "tan": _f("(tl.sin({0}) / tl.cos({0}))"),
+    "sinh": lambda a, attrs: _sinh(a[0]),
+    "cosh": lambda a, attrs: f"({_HALF_EXP.format(a[0])} + {_HALF_EXP.format('-' + a[0])})",
+    "softplus": _f("tl.where({0} * {beta!r} > {threshold!r}, {0}, "
+                   "tl.log(1.0 + tl.exp({0} * {beta!r})) / {beta!r})"),
     "floor": _f("tl.floor({0})"),
     "ceil": _f("tl.ceil({0})"),
+    "trunc": lambda a, attrs: _trunc(a[0]),
+    "frac": lambda a, attrs: f"({a[0]} - {_trunc(a[0])})",
+    "round": _round,
+    "sign": _f("(tl.where({0} > 0, 1, 0) - tl.where({0} < 0, 1, 0))"),  # sign(nan) is 0
+    "isnan": _f("({0} != {0})"),
+    "isinf": _f("(tl.abs({0}) == float('inf'))"),
     "maximum": _f("tl.maximum({0}, {1})"),
     "minimum": _f("tl.minimum({0}, {1})"),
     "clamp": _clamp,
@@ -84,6 +120,7 @@ ELEMENTWISE: dict[str, Emit] = {
     "logical_and": _f("(({0} != 0) & ({1} != 0))"),
     "logical_or": _f("(({0} != 0) | ({1} != 0))"),
     "logical_not": _f("({0} == 0)"),
+    "logical_xor": _f("(({0} != 0) ^ ({1} != 0))"),
     "bitwise_and": _f("({0} & {1})"),
     "bitwise_or": _f("({0} | {1})"),
     "bitwise_xor": _f("({0} ^ {1})"),
@@ -116,7 +153,8 @@ def row_lines(op: str, out: str, x: str, args: list[str], attrs: Mapping[str, An
     if op == "var":
         return [f"{out}_m = tl.sum({zero}, axis=0) / R",
                 f"{out}_d = tl.where(mask, {x} - {out}_m, 0.0)",
-                f"{out} = tl.sum({out}_d * {out}_d, axis=0) / (R - {int(attrs['correction'])})"]
+                f"{out} = tl.sum({out}_d * {out}_d, axis=0) / "
+                f"tl.maximum(R - {float(attrs['correction'])!r}, 0.0)"]  # as torch divides
     if op in ("softmax", "log_softmax"):
         lines = [f"{out}_m = tl.max(tl.where(mask, {x}, float('-inf')), axis=0)",
                  f"{out}_e = tl.where(mask, tl.exp({x} - {out}_m), 0.0)",

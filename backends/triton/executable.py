@@ -8,6 +8,11 @@ own lives in one arena allocated per run: kernels write their outputs straight i
 host-op results are copied into theirs (a view the plan did not expect, such as a permute, must
 not keep pointing at a buffer the plan reuses). Values the plan places inside another value's
 buffer are left where the op put them, which costs memory, never correctness.
+
+GEMM kernels (`matmul.py`) get their block sizes from the executable's own `Autotuner`: timed
+candidates on CUDA, the shape heuristic under the interpreter. A GEMM whose output slot overlaps
+one of its operands (the plan may hand an epilogue output the slot of an operand that dies at
+the matmul) writes into a scratch tensor first, since its tiles read operands other tiles write.
 """
 
 from __future__ import annotations
@@ -21,7 +26,10 @@ from typing import Any
 
 from compiler.errors import InputError
 from compiler.ir import Graph, get_op, symbolic
+from compiler.ir.ops.registry import META_ATTRS
 
+from . import matmul
+from .autotune import Autotuner
 from .plan import Step, sha256
 
 _MAX_BLOCK = 1024
@@ -61,6 +69,9 @@ class TritonExecutable:
         self.fallbacks = list(fallbacks)  # (segment with .inputs/.outputs, executable)
         self.slots, self.arena_bytes = dict(slots or {}), arena_bytes
         self.arena = None
+        self.tuner = Autotuner(enabled=device == "cuda")
+        self.handlers = {"kernel": self._launch, "matmul": self._launch_matmul,
+                         "segment": self._fallback, "host": self._host}
 
     def __call__(self, inputs: Sequence[Any]) -> list[Any]:
         return [t.detach().cpu().numpy() for t in self.run_tensors(inputs)]
@@ -78,12 +89,7 @@ class TritonExecutable:
         self.arena = torch.empty(self.arena_bytes, dtype=torch.uint8, device=self.device) \
             if self.slots else None
         for step in self.steps:
-            if step.kernel is not None:
-                self._launch(step, env, bindings)
-            elif step.segment is not None:
-                self._fallback(step.segment, env)
-            else:
-                self._host(step.node, env, bindings)
+            self.handlers[step.kind](step, env, bindings)
         self.arena = None
         return [env[v.name] for v in self.graph.outputs]
 
@@ -115,15 +121,14 @@ class TritonExecutable:
                 shape = [shape[p] for p in kernel.perm]
             outs.append(self._alloc(name, shape))
         strides = [s for t in ins for s in t.expand(domain).stride()]
-        total = 1
-        for d in domain:
+        total, rows = 1, 1
+        for i, d in enumerate(domain):
             total *= d
-        if total:
+            rows *= d if i < len(domain) - kernel.reduced else 1
+        if total or (kernel.reduced and rows):  # an empty row still reduces (to 0, nan, ...)
             if kernel.reduced:
-                count = 1
-                for d in domain[len(domain) - kernel.reduced:]:
-                    count *= d
-                grid, block = (total // max(count, 1),), _next_pow2(count)
+                count = total // rows
+                grid, block = (rows,), _next_pow2(count)
             else:
                 count = total
                 block = min(_MAX_BLOCK, _next_pow2(total))
@@ -135,18 +140,43 @@ class TritonExecutable:
             outs = [t.permute(inverse) for t in outs]
         env.update(zip(kernel.outputs, outs))
 
-    def _fallback(self, index: int, env: dict) -> None:
+    def _launch_matmul(self, step: Step, env: dict, bindings: Mapping[str, int]) -> None:
+        import torch
+
+        kernel = step.kernel
+        ins = [env[name] for name in kernel.inputs]
+        shape = [symbolic.evaluate(d, bindings) for d in kernel.shape]
+        outs = [self._alloc(name, shape) for name in kernel.outputs]
+        targets = [torch.empty_like(o) if any(_overlap(o, t) for t in ins) else o for o in outs]
+        fn = getattr(self.module, kernel.name)
+        interpreted = self.device != "cuda"
+        prepared = matmul.prepare(kernel, ins, targets, interpreted)
+        if not prepared.empty:
+            def trial(config) -> None:  # timed on scratch outputs: an epilogue may be in place
+                scratch = [torch.empty_like(o) for o in outs]
+                matmul.launch(fn, matmul.prepare(kernel, ins, scratch, interpreted), config)
+
+            config = self.tuner.choose(kernel.name, prepared.sizes, trial,
+                                       kernel.dtype.itemsize)
+            matmul.launch(fn, prepared, config)
+        for out, target in zip(outs, targets):
+            if target is not out:
+                out.copy_(target)
+        env.update(zip(kernel.outputs, outs))
+
+    def _fallback(self, step: Step, env: dict, bindings: Mapping[str, int]) -> None:
         """Run a fallback segment; CPU tensors cross as numpy views of the same memory."""
         import torch
 
-        segment, run = self.fallbacks[index]
+        segment, run = self.fallbacks[step.segment]
         results = run([env[name].detach().cpu() for name in segment.inputs])
         for name, array in zip(segment.outputs, results):
             env[name] = torch.from_numpy(array).to(self.device)
 
-    def _host(self, node, env: dict, bindings: Mapping[str, int]) -> None:
+    def _host(self, step: Step, env: dict, bindings: Mapping[str, int]) -> None:
+        node = step.node
         args = [None if v is None else env[v.name] for v in node.inputs]
-        attrs = {k: _resolve(v, bindings) for k, v in node.attrs.items()}
+        attrs = {k: _resolve(v, bindings) for k, v in node.attrs.items() if k not in META_ATTRS}
         if node.op == "scaled_dot_product_attention":
             from .attention import attention, supported
 
@@ -164,6 +194,19 @@ class TritonExecutable:
                 slot.copy_(tensor)
                 tensor = slot
             env[value.name] = tensor
+
+
+def _overlap(a: Any, b: Any) -> bool:
+    """Whether two tensors' byte ranges intersect (by address: arena slots share a storage)."""
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+
+    def span(t: Any) -> tuple[int, int]:
+        extent = sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()))
+        return t.data_ptr(), t.data_ptr() + (extent + 1) * t.element_size()
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
 
 
 def _bind(graph: Graph, env: Mapping[str, Any]) -> dict[str, int]:

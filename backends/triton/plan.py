@@ -3,10 +3,15 @@
 Fusion groups (nodes sharing a `fusion_group` attribute, contiguous, from the `fuse_groups`
 pass) become one kernel each; a group the generator cannot express is split into one kernel per
 member. Elementwise ops, reductions over trailing dims, norms and softmax outside groups get a
-kernel of their own. Everything else the backend supports runs as a host op: views and data
-movement (zero-copy where torch allows), matmul/linear through torch.matmul, attention through
-the Triton attention kernel (`attention.py`). The plan is a pure function of the graph, so the
-same kernels are regenerated at load time as at compile time.
+kernel of their own. matmul, linear and fused_linear become a tiled GEMM kernel (`matmul.py`)
+with the bias and activation in its epilogue; when the unit right after one is elementwise only
+and the matmul's result feeds nothing else (a residual add, `silu(gate) * up`), that unit runs in
+the same kernel's epilogue instead of as a kernel of its own. A matmul the template does not fit
+(`matmul.misfit`: integer dtypes, matrix-vector products, ...) runs through torch.matmul on the
+host. Everything else the backend supports runs as a host op: views and data movement
+(zero-copy where torch allows), embedding and indexing through torch, attention through the
+Triton attention kernel (`attention.py`). The plan is a pure function of the graph, so the same
+kernels are regenerated at load time as at compile time.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from compiler.ir import Graph, Node, Value
 
 from .codegen import Kernel, Unsupported, generate, generate_permuted
 from .emit import ELEMENTWISE, ROW_OPS
+from .matmul import MATMUL_OPS, MatmulKernel, epilogue, generate_matmul, misfit
 
 KERNEL_OPS = frozenset(ELEMENTWISE) | {"pow"} | frozenset(ROW_OPS)
 MODULE_HEADER = "import triton\nimport triton.language as tl\n"
@@ -26,12 +32,19 @@ MODULE_HEADER = "import triton\nimport triton.language as tl\n"
 
 @dataclass(frozen=True)
 class Step:
-    """One thing the executable does: launch `kernel`, run `node` on the host, or run
-    fallback segment number `segment` on the fallback backend."""
+    """One thing the executable does: launch `kernel` (an elementwise/row `Kernel` or a GEMM
+    `MatmulKernel`), run `node` on the host, or run fallback segment number `segment` on the
+    fallback backend. `kind` names which, so the executable dispatches through a table."""
 
-    kernel: Kernel | None = None
+    kernel: Kernel | MatmulKernel | None = None
     node: Node | None = None
     segment: int | None = None
+
+    @property
+    def kind(self) -> str:
+        if self.kernel is not None:
+            return "matmul" if isinstance(self.kernel, MatmulKernel) else "kernel"
+        return "host" if self.node is not None else "segment"
 
 
 def constants(graph: Graph) -> dict[str, float]:
@@ -66,16 +79,45 @@ class _Planner:
         self.constants = constants(graph)
         self.steps: list[Step] = []
 
-    def unit(self, nodes: list[Node]) -> None:
+    def unit(self, nodes: list[Node], following: list[Node]) -> bool:
+        """Plan one unit; `following` is the next unit, which a matmul may take into its
+        epilogue. Returns whether it did (the caller then skips that unit)."""
+        if len(nodes) == 1 and nodes[0].op in MATMUL_OPS:
+            return self._matmul(nodes[0], following)
         produced = {id(v) for n in nodes for v in n.outputs}
         pre = [n for n in nodes if n.op == "reshape" and id(n.inputs[0]) not in produced]
         body = [n for n in nodes if n not in pre]
         self.steps += [Step(node=n) for n in pre]
         if len(body) > 1 and self._kernel(body):
-            return
+            return False
         for node in body:
-            if node.op not in KERNEL_OPS or not self._kernel([node]):
+            if node.op in MATMUL_OPS:
+                self._matmul(node, [])
+            elif node.op not in KERNEL_OPS or not self._kernel([node]):
                 self.steps.append(Step(node=node))
+        return False
+
+    def _name(self, node: Node) -> str:
+        return f"k{len([s for s in self.steps if s.kernel])}_{node.op}"
+
+    def _matmul(self, node: Node, following: list[Node]) -> bool:
+        """A GEMM kernel for `node`, with `following` as its epilogue when it qualifies; a host
+        op when the template does not fit."""
+        if misfit(node) is not None:
+            self.steps.append(Step(node=node))
+            return False
+        chain = epilogue(node, following, self.users, self.returned, self.constants)
+        inside = {id(n) for n in chain}
+        outputs = [v for n in chain for v in n.outputs if id(v) in self.returned
+                   or any(id(u) not in inside for u in self.users.get(v, []))]
+        try:
+            kernel = generate_matmul(self._name(node), node, chain, outputs or [node.output],
+                                     self.constants)
+        except Unsupported:
+            chain = []
+            kernel = generate_matmul(self._name(node), node, [], [node.output], self.constants)
+        self.steps.append(Step(kernel=kernel))
+        return bool(chain)
 
     def _kernel(self, nodes: list[Node]) -> bool:
         inside = {id(n) for n in nodes}
@@ -87,7 +129,7 @@ class _Planner:
                     inputs.setdefault(id(v), v)
         outputs = [v for n in nodes for v in n.outputs if id(v) in self.returned
                    or any(id(u) not in inside for u in self.users.get(v, []))]
-        name = f"k{len([s for s in self.steps if s.kernel])}_{nodes[0].op}"
+        name = self._name(nodes[0])
         try:
             kernel = generate(name, nodes, list(inputs.values()), outputs, self.constants)
         except Unsupported:
@@ -112,16 +154,22 @@ def plan(graph: Graph, foreign: Mapping[str, int] | None = None) -> list[Step]:
     `foreign` maps nodes (by first output name) tagged for the fallback to their segment."""
     foreign = foreign or {}
     planner = _Planner(graph)
-    for nodes in _units(graph):
-        if not any(n.outputs[0].name in foreign for n in nodes):
-            planner.unit(nodes)
-            continue
-        for node in nodes:
-            segment = foreign.get(node.outputs[0].name)
-            if segment is None:
-                planner.unit([node])
-            elif not planner.steps or planner.steps[-1].segment != segment:
-                planner.steps.append(Step(segment=segment))
+    units = _units(graph)
+    local = [not any(n.outputs[0].name in foreign for n in nodes) for nodes in units]
+    taken = False  # the previous unit's matmul took this unit into its epilogue
+    for i, nodes in enumerate(units):
+        if taken:
+            taken = False
+        elif local[i]:
+            following = units[i + 1] if i + 1 < len(units) and local[i + 1] else []
+            taken = planner.unit(nodes, following)
+        else:
+            for node in nodes:
+                segment = foreign.get(node.outputs[0].name)
+                if segment is None:
+                    planner.unit([node], [])
+                elif not planner.steps or planner.steps[-1].segment != segment:
+                    planner.steps.append(Step(segment=segment))
     return planner.steps
 
 

@@ -79,8 +79,8 @@ class _Sizes:
 
 def _reduced_rows(node: Node, sizes: _Sizes):
     x = node.inputs[0]
-    if node.op in ("softmax", "log_softmax"):
-        dim = node.attrs["dim"] % max(x.type.rank, 1)
+    if node.op in ("softmax", "log_softmax") and x.type.rank:  # of a 0-d x: one row
+        dim = node.attrs["dim"] % x.type.rank
         return sympy.simplify(sympy.sympify(sizes.numel(x)) / x.shape[dim])
     return sizes.numel(node.output)
 

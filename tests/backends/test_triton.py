@@ -194,6 +194,23 @@ def test_uncovered_op_runs_on_the_fallback(tmp_path):
         _check(loaded, model, (torch.randn(2, 4, length),))
 
 
+def test_fallback_segments_get_the_fallback_backends_options(tmp_path):
+    """backend_options.onnxruntime reach the segments lowered by onnxruntime inside a triton
+    artifact, and load-time session settings reach their sessions."""
+    torch.manual_seed(0)
+    model = ConvNet().eval()
+    path = compiler.compile(model, (torch.randn(2, 4, 10),), out=tmp_path / "m.dz",
+                            backend="triton", fallback="onnxruntime", passes=PIPELINE,
+                            backend_options={"onnxruntime": {"session": {
+                                "intra_op_threads": 1, "allow_spinning": False}}})
+    record = json.loads((path / "backend" / "fallback" / "0" / "lowering.json").read_text())
+    assert record["session"]["intra_op_threads"] == 1
+    loaded = runtime.load(path, session={"intra_op_threads": 2})
+    (segment, executable), = loaded._executable.fallbacks
+    assert executable.settings.intra_op_threads == 2
+    _check(loaded, model, (torch.randn(2, 4, 10),))
+
+
 def test_uncovered_op_without_fallback_is_refused(tmp_path):
     from compiler.errors import DayzeroError
 

@@ -95,6 +95,15 @@ def check_samples(op, samples: list) -> str | None:
     return None
 
 
+def float32_samples(op, limit: int = MAX_SAMPLES) -> list:
+    """Up to `limit` float32 CPU samples of `op`."""
+    generator = op.sample_inputs("cpu", torch.float32, requires_grad=False)
+    samples = list(itertools.islice(generator, limit))
+    if hasattr(generator, "close"):  # now, not when garbage collection hits a later trace
+        generator.close()
+    return samples
+
+
 def _id(op) -> str:
     return f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name
 
@@ -105,10 +114,7 @@ def test_opinfo(op):
         pytest.skip(NOT_COMPARABLE[op.name])
     if torch.float32 not in op.supported_dtypes("cpu"):
         pytest.skip("no float32 CPU support")
-    generator = op.sample_inputs("cpu", torch.float32, requires_grad=False)
-    samples = list(itertools.islice(generator, MAX_SAMPLES))
-    if hasattr(generator, "close"):  # now, not when garbage collection hits a later trace
-        generator.close()
+    samples = float32_samples(op)
     if not samples:
         pytest.skip("no float32 samples")
     if len(samples) > 1:
