@@ -19,7 +19,7 @@ from .base import Pass
 from .registry import get_pass
 
 DEFAULT_PIPELINE = ("remove_noops,fold_constants,eliminate_common_subexpressions,"
-                    "eliminate_dead_code,plan_memory")
+                    "recognize_causal_masks,eliminate_dead_code,plan_memory")
 
 _ELEMENT = re.compile(r"\s*(?P<name>[A-Za-z_]\w*)\s*(?:\{(?P<opts>[^{}]*)\})?\s*(?P<end>,|$)")
 _PREFIX = re.compile(r"\s*(?:[A-Za-z_]\w*\s*(?:\{[^{}]*\})?\s*)?")  # where a bad element breaks

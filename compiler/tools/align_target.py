@@ -3,7 +3,10 @@
 - From a SPEC: export the model (the reference graph, before any pass), compile a copy with the
   chosen backend, config and passes into a temporary artifact (or take a given `artifact`
   compiled elsewhere, e.g. from another version of the model or its preprocessing), and keep
-  the torch module to check the reference itself against eager.
+  the torch module to check the reference itself against eager. Without passes from the caller
+  or the config, the plain cleanup pipeline is used rather than the backend's fusing one, so
+  every intermediate value can be compared; `--passes` aligns the fused graph (fused values are
+  compared with the regions they replaced).
 - From an ARTIFACT: its own graph and weights are the reference.
 """
 
@@ -105,12 +108,14 @@ def _compile(graph: Graph, out: Path, backend: str, config: Any, passes: str | N
     import backends
     from compiler.config import load_config
     from compiler.driver import _refuse_unimplemented, lower_and_write
+    from passes import DEFAULT_PIPELINE
 
     cfg = load_config(config)
     _refuse_unimplemented(cfg)
     if any(v > 1 for v in cfg.parallel.values()):
         raise DayzeroError("align runs one process; the config asks for a parallel layout",
                            "config parallel:", "align without the parallel section")
+    passes = passes or (None if cfg.passes else DEFAULT_PIPELINE)
     return lower_and_write(graph, out, backends.get(backend), cfg, passes=passes, dump_ir=None,
                            force=False, log=log, fallback=fallback)
 

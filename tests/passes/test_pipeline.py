@@ -37,7 +37,8 @@ def test_builtins_are_registered_with_summaries():
 def test_default_pipeline_parses_in_order():
     passes = parse_pipeline(DEFAULT_PIPELINE)
     assert [p.name for p in passes] == ["remove_noops", "fold_constants",
-                                        "eliminate_common_subexpressions", "eliminate_dead_code",
+                                        "eliminate_common_subexpressions",
+                                        "recognize_causal_masks", "eliminate_dead_code",
                                         "plan_memory"]
 
 

@@ -15,6 +15,7 @@ from compiler.cli import main
 from compiler.frontend import export
 from compiler.spec import load_spec
 from compiler.tools.align_target import run_alignment, target_from_spec
+from passes import DEFAULT_PIPELINE
 from tests.tools.perturb_backend import perturbing
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,7 +101,7 @@ def test_tolerances_from_the_command_line(perturb, capsys):
 
 def test_artifact_alignment_and_given_inputs(tmp_path, capsys):
     out = tmp_path / "tiny.dz"
-    assert main(["compile", TINY, "-o", str(out)]) == 0
+    assert main(["compile", TINY, "-o", str(out), "--passes", DEFAULT_PIPELINE]) == 0
     x = np.random.default_rng(3).standard_normal((2, 7, 8)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
     capsys.readouterr()
