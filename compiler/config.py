@@ -3,12 +3,21 @@
 A config is a dict or a YAML file. Every key is checked against `SCHEMA`; an unknown key or an
 impossible value is a DayzeroError that names the key, so a typo never silently falls back to a
 default. Options travel from here to the passes explicitly; nothing reads global state.
+
+`backend_options` is keyed by backend name and holds each backend's own options (for
+onnxruntime: `session`, `exclude_kernels`). Only the names are checked here: the options belong
+to the backend, which validates them when it lowers (naming `backend_options.<backend>.<key>`).
+The same mapping can come from `compiler.compile(backend_options=...)` and from
+`dayzero compile --backend-option [BACKEND:]KEY=VALUE`; those are merged over the file's section
+(`with_backend_options`), key by key, the later source winning.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+import copy
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +63,7 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], bool], Any]]] = {
         "group_size": (_positive_int, 128),
     },
 }
-_TOP_LEVEL = set(SCHEMA) | {"passes"}
+_TOP_LEVEL = set(SCHEMA) | {"passes", "backend_options"}
 
 
 @dataclass(frozen=True)
@@ -64,9 +73,23 @@ class CompileConfig:
     quantize: dict[str, Any] = field(default_factory=dict)
     passes: list[str] | None = None
     source: str = "<config>"
+    backend_options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def section(self, name: str) -> dict[str, Any]:
         return getattr(self, name)
+
+    def with_backend_options(self, overrides: Mapping[str, Any] | None,
+                             source: str = "backend_options argument") -> CompileConfig:
+        """This config with `overrides` (same shape as the section) merged over its
+        `backend_options`, key by key: the overrides win."""
+        if not overrides:
+            return self
+        checked = _backend_options(overrides, source)
+        return replace(self, backend_options=merge_options(self.backend_options, checked))
+
+    def options_for(self, backend: str) -> dict[str, Any]:
+        """The options for backend `backend` (a copy: the caller may add to it)."""
+        return copy.deepcopy(self.backend_options.get(backend, {}))
 
 
 def load_config(config: Mapping[str, Any] | str | Path | None) -> CompileConfig:
@@ -118,4 +141,92 @@ def _complete(data: Any, source: str) -> CompileConfig:
         raise DayzeroError(f"config key 'passes' has impossible value {passes!r}", source,
                            f"use {_pass_list.__doc__}")
     return CompileConfig(sections["parallel"], sections["precision"], sections["quantize"],
-                         passes, source)
+                         passes, source, _backend_options(data.get("backend_options"), source))
+
+
+def _backend_options(data: Any, source: str) -> dict[str, dict[str, Any]]:
+    """The `backend_options` section: registered backend names -> mappings of options."""
+    if data is None:
+        return {}
+    example = "e.g. backend_options: {onnxruntime: {session: {intra_op_threads: 2}}}"
+    if not isinstance(data, Mapping):
+        raise DayzeroError("config key 'backend_options' must be a mapping of backend names "
+                           f"to options, not {data!r}", source, example)
+    import backends
+
+    names = backends.available()
+    checked = {}
+    for name, options in data.items():
+        if name not in names:
+            raise DayzeroError(f"config key 'backend_options.{name}' names no registered "
+                               "backend", source, f"use one of the backends {names}")
+        if options is not None and not isinstance(options, Mapping):
+            raise DayzeroError(f"config key 'backend_options.{name}' must be a mapping of "
+                               f"options, not {options!r}", source, example)
+        checked[name] = copy.deepcopy(dict(options or {}))
+    return checked
+
+
+def merge_options(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """`override` merged over `base`: mappings merge key by key, anything else is replaced."""
+    merged = copy.deepcopy(dict(base))
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = merge_options(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+@dataclass(frozen=True)
+class OptionAssignment:
+    """One `[BACKEND:]KEY=VALUE` from the command line: KEY a dotted path, VALUE parsed YAML."""
+
+    backend: str | None
+    path: tuple[str, ...]
+    value: Any
+
+
+_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_BACKEND = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+
+
+def parse_assignment(text: str, prefixed: bool = True) -> OptionAssignment:
+    """Parse `[BACKEND:]a.b.c=VALUE` (the prefix only when `prefixed`); VALUE is YAML, so
+    `true`, `2`, `auto` and `[com.microsoft.Gelu]` mean what they do in the config file.
+    Raises ValueError with one message for bad syntax (a command-line usage error)."""
+    key, eq, raw = text.partition("=")
+    shape = "[BACKEND:]KEY=VALUE" if prefixed else "KEY=VALUE"
+    if not eq:
+        raise ValueError(f"'{text}' is not {shape} (no '=')")
+    backend = None
+    if prefixed and ":" in key:
+        backend, _, key = key.partition(":")
+        if not _BACKEND.fullmatch(backend):
+            raise ValueError(f"'{text}': '{backend}' before ':' is not a backend name")
+    if not all(_KEY.fullmatch(part) for part in key.split(".")):
+        raise ValueError(f"'{text}': '{key}' is not a key or a dotted path of keys "
+                         "(e.g. session.intra_op_threads)")
+    if not raw.strip():
+        raise ValueError(f"'{text}' has no value after '='")
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"'{text}': the value is not valid YAML "
+                         f"({getattr(exc, 'problem', None) or exc})") from None
+    return OptionAssignment(backend, tuple(key.split(".")), value)
+
+
+def options_from_assignments(assignments: Iterable[OptionAssignment],
+                             default_backend: str) -> dict[str, dict[str, Any]]:
+    """The `backend_options` mapping the assignments spell (unprefixed ones belong to
+    `default_backend`); a later assignment wins over an earlier one on the same key."""
+    options: dict[str, dict[str, Any]] = {}
+    for item in assignments:
+        target = options.setdefault(item.backend or default_backend, {})
+        for part in item.path[:-1]:
+            if not isinstance(target.get(part), dict):
+                target[part] = {}
+            target = target[part]
+        target[item.path[-1]] = item.value
+    return options

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +22,12 @@ from .validate import validate_inputs
 class CompiledModel:
     """Call it with numpy arrays or torch tensors in input order; get a tuple of numpy arrays."""
 
-    def __init__(self, artifact: Artifact):
+    def __init__(self, artifact: Artifact, *, session: Mapping[str, Any] | None = None):
         self.artifact = artifact
         self.input_specs: list[TensorSpec] = specs_from_manifest(artifact.manifest, "inputs")
         self.output_specs: list[TensorSpec] = specs_from_manifest(artifact.manifest, "outputs")
         self.backend = _backend_for(artifact)
-        self._executable = self.backend.load(artifact)
+        self._executable = _load_executable(self.backend, artifact, session)
 
     @property
     def path(self) -> Path:
@@ -41,8 +43,15 @@ class CompiledModel:
         return (f"CompiledModel({str(self.path)!r}, backend={self.backend.name!r}, "
                 f"({ins}) -> ({outs}))")
 
+    def describe(self) -> str | None:
+        """What the backend reports about this load (onnxruntime: the session settings as
+        applied on this machine), or None when it reports nothing."""
+        describe = getattr(self._executable, "describe", None)
+        return describe() if callable(describe) else None
+
     def __call__(self, *inputs: Any) -> tuple[np.ndarray, ...]:
-        arrays = [np.ascontiguousarray(to_numpy(x)) for x in inputs]
+        # not np.ascontiguousarray: it turns a 0-d input into shape [1]
+        arrays = [np.asarray(to_numpy(x), order="C") for x in inputs]
         validate_inputs(self.input_specs, arrays)
         outputs = tuple(to_numpy(y) for y in self._executable(arrays))
         self._check_outputs(outputs)
@@ -59,18 +68,38 @@ class CompiledModel:
                                    f"'{spec.name}', which is {spec.dtype}")
 
 
-def load(path: str | Path, verify: str = "full") -> CompiledModel:
+def load(path: str | Path, verify: str = "full", *,
+         session: Mapping[str, Any] | None = None) -> CompiledModel:
     """Open, verify and load the artifact at `path`; runs no code stored in it.
 
     `verify="size"` skips hashing the weight files (their sizes and headers are still checked).
+    `session` overrides the session settings recorded at compile time for this run, e.g.
+    `{"allow_spinning": False, "intra_op_threads": 2}`: threads and spinning belong to the
+    machine that runs the model (onnxruntime artifacts; other backends refuse it).
     A partitioned artifact (several ranks) gives a `runtime.distributed` model instead: this
     rank's part inside a torch.distributed job, else one that launches its ranks on each call.
     """
     from .distributed import load_partitioned, partitioned_world
 
     if partitioned_world(path) > 1:
+        if session:
+            raise DayzeroError("session settings cannot be overridden for a partitioned "
+                               "artifact yet", str(path),
+                               "compile with backend_options session settings instead")
         return load_partitioned(path, verify=verify)
-    return CompiledModel(open_artifact(path, verify=verify))
+    return CompiledModel(open_artifact(path, verify=verify), session=session)
+
+
+def _load_executable(backend: backends.Backend, artifact: Artifact,
+                     session: Mapping[str, Any] | None):
+    """`backend.load`, with the session overrides for a backend whose `load` takes them (an
+    optional keyword: backends without session settings keep the plain signature)."""
+    if not session:
+        return backend.load(artifact)
+    if "session" not in inspect.signature(backend.load).parameters:
+        raise DayzeroError(f"backend '{backend.name}' has no session settings to override",
+                           str(artifact.root), "load this artifact without session settings")
+    return backend.load(artifact, session=session)
 
 
 def _backend_for(artifact: Artifact) -> backends.Backend:

@@ -6,26 +6,36 @@ On the load path: imports numpy and onnxruntime only (no torch, no onnx).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from compiler.errors import InputError
 from compiler.ir import DType
 
+if TYPE_CHECKING:
+    from .session import ResolvedSession
+
 
 class OrtExecutable:
     """Runs one InferenceSession; inputs in graph order, outputs in graph order."""
 
-    def __init__(self, session, record: dict[str, Any]):
+    def __init__(self, session, record: dict[str, Any],
+                 settings: ResolvedSession | None = None):
         self.session = session
         self.record = record
+        self.settings = settings  # the session settings as applied (None: not reported)
         self.input_names = [i.name for i in session.get_inputs()]
         self.output_names = [o.name for o in session.get_outputs()]
         wide = record.get("wide_io", {})
         self._wide_in = set(wide.get("inputs", {}))
         self._wide_out = {name: _numpy_dtype(dtype)
                           for name, dtype in wide.get("outputs", {}).items()}
+
+    def describe(self) -> str | None:
+        """The session settings as applied on this machine, `auto` spinning decided: the
+        lowering record keeps what was configured, this says what this load runs with."""
+        return self.settings.describe() if self.settings is not None else None
 
     def __call__(self, inputs: Sequence[Any]) -> list[np.ndarray]:
         if len(inputs) != len(self.input_names):

@@ -14,21 +14,26 @@ manifest) and the benchmark's torch.onnx.export peer can be given exactly the sa
   independent branches in parallel adds scheduling cost and steals cores from the intra-op pool.
 - memory arena and memory pattern on: activations are reused across calls instead of being
   allocated per op; the pattern is re-planned whenever the input shapes change.
-- spinning off: ORT's workers would otherwise busy-wait between ops. On a dedicated machine that
-  saves a thread wake-up per op, but on a shared or oversubscribed one (CI, a laptop, a container
-  with a CPU quota) spinning threads steal the cores the computation needs: on the 2-core
-  development machine under load, the benchmark decoder took 66 ms with spinning and 26 ms
-  without (single-thread compute time 10 ms). Turn it on with `session.allow_spinning` on
-  dedicated hardware.
+- spinning `auto`: ORT's intra-op workers busy-wait between ops when spinning is allowed. The
+  default `auto` decides when the session is created, on the machine that runs the model: spin
+  only when the machine is not oversubscribed, i.e. the one-minute load average is below the
+  number of CPUs in the process's affinity mask. Measured on the 2-core development machine with
+  the benchmark decoder (seq 128): idle, 7.2 ms median per call with spinning against 10.6 ms
+  without (without spinning ORT's sleeping worker wakes too late and the calling thread does
+  nearly all the work: CPU time per call equals wall time); under load (load average ~7),
+  66 ms with spinning against 26 ms without, because busy-waiting workers steal the cores the
+  computation needs. `true`/`false` force it either way; backend/lowering.json keeps the
+  configured value ("auto"), the executable reports the resolved one.
 
 This module is on the load path: it imports onnxruntime, never onnx or torch.
 """
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +41,28 @@ from compiler.errors import DayzeroError
 
 OPT_LEVELS = ("disable", "basic", "extended", "all")
 EXECUTION_MODES = ("sequential", "parallel")
+SPINNING = (True, False, "auto")
 EXTERNAL_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
+SPINNING_KEY = "session.intra_op.allow_spinning"
+OPTION_PATH = "backend_options.onnxruntime.session"  # where the options come from at compile time
+
+LoadAverage = Callable[[], float]
+
+
+def one_minute_load() -> float:
+    """The machine's one-minute load average (infinite where the OS cannot tell: no spinning)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):  # pragma: no cover - not on Unix
+        return math.inf
+
+
+def affinity_cpus() -> int:
+    """CPUs this process may run on (its affinity mask), not the machine's core count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not on Linux
+        return os.cpu_count() or 1
 
 
 @dataclass(frozen=True)
@@ -47,63 +73,123 @@ class SessionConfig:
     execution_mode: str = "sequential"
     cpu_mem_arena: bool = True
     mem_pattern: bool = True
-    allow_spinning: bool = False
+    allow_spinning: bool | str = "auto"
 
     @classmethod
-    def from_options(cls, options: Mapping[str, Any] | None) -> SessionConfig:
-        """Defaults overridden by `options` (the backend option `session`), checked by name."""
+    def from_options(cls, options: Mapping[str, Any] | None,
+                     where: str = OPTION_PATH) -> SessionConfig:
+        """Defaults overridden by `options`, checked by name; errors name `where`.<key>."""
+        if options is not None and not isinstance(options, Mapping):
+            raise DayzeroError(f"onnxruntime option '{where}' must be a mapping of session "
+                               f"settings, not {options!r}", where,
+                               f"e.g. {{intra_op_threads: 2}}; known settings: {_known()}")
         options = dict(options or {})
-        known = {f.name: f for f in fields(cls)}
-        unknown = sorted(set(options) - set(known))
+        unknown = sorted(set(options) - set(_known()))
         if unknown:
-            raise DayzeroError(f"unknown onnxruntime session option(s) {unknown}",
-                               "backend option session", f"known options: {sorted(known)}")
+            paths = ", ".join(f"'{where}.{key}'" for key in unknown)
+            raise DayzeroError(f"unknown onnxruntime session option {paths}",
+                               f"{where}.{unknown[0]}", f"known options: {_known()}")
         config = cls(**options)
-        config.check()
+        config.check(where)
         return config
 
-    def check(self) -> None:
+    def overridden(self, overrides: Mapping[str, Any] | None, where: str) -> SessionConfig:
+        """This config with `overrides` (checked like `from_options`) applied on top."""
+        if not overrides:
+            return self
+        SessionConfig.from_options(overrides, where)  # names, types and values, checked
+        return replace(self, **dict(overrides))
+
+    def check(self, where: str = OPTION_PATH) -> None:
         checks = [
             ("graph_optimization_level", self.graph_optimization_level in OPT_LEVELS,
              f"one of {OPT_LEVELS}"),
             ("execution_mode", self.execution_mode in EXECUTION_MODES,
              f"one of {EXECUTION_MODES}"),
-            ("intra_op_threads", _count(self.intra_op_threads), "an integer >= 0"),
+            ("intra_op_threads", _count(self.intra_op_threads),
+             "an integer >= 0 (0: one per CPU)"),
             ("inter_op_threads", _count(self.inter_op_threads), "an integer >= 0"),
             ("cpu_mem_arena", isinstance(self.cpu_mem_arena, bool), "true or false"),
             ("mem_pattern", isinstance(self.mem_pattern, bool), "true or false"),
-            ("allow_spinning", isinstance(self.allow_spinning, bool), "true or false"),
+            ("allow_spinning", isinstance(self.allow_spinning, bool) or
+             self.allow_spinning == "auto", 'true, false or "auto"'),
         ]
         for key, ok, want in checks:
             if not ok:
-                raise DayzeroError(f"onnxruntime session option {key}={getattr(self, key)!r} "
-                                   "is invalid", f"backend option session.{key}", f"use {want}")
+                raise DayzeroError(f"onnxruntime session option '{where}.{key}' has invalid "
+                                   f"value {getattr(self, key)!r}", f"{where}.{key}",
+                                   f"use {want}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def resolved_intra_threads(self) -> int:
-        if self.intra_op_threads:
-            return self.intra_op_threads
-        try:
-            return len(os.sched_getaffinity(0))
-        except AttributeError:  # pragma: no cover - not on Linux
-            return os.cpu_count() or 1
+        return self.intra_op_threads or affinity_cpus()
+
+    def resolve(self, load_average: LoadAverage = one_minute_load) -> ResolvedSession:
+        """The settings as applied on this machine now: threads counted, `auto` decided.
+
+        `load_average` is the probe `auto` spinning consults (injectable, for tests); it is
+        read once, only when spinning is `auto`.
+        """
+        threads = self.resolved_intra_threads()
+        if self.allow_spinning != "auto":
+            return ResolvedSession(self, threads, bool(self.allow_spinning))
+        load, cpus = float(load_average()), affinity_cpus()
+        return ResolvedSession(self, threads, load < cpus, load, cpus)
+
+
+@dataclass(frozen=True)
+class ResolvedSession:
+    """A `SessionConfig` decided for this machine (what the executable reports)."""
+
+    config: SessionConfig
+    intra_op_threads: int
+    allow_spinning: bool
+    load_average: float | None = None  # the reading `auto` spinning was decided on
+    cpus: int | None = None  # CPUs in the affinity mask it was compared with
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings as applied (no 0 threads, no "auto")."""
+        return {**self.config.to_dict(), "intra_op_threads": self.intra_op_threads,
+                "allow_spinning": self.allow_spinning}
+
+    def describe(self) -> str:
+        """One log line: every setting as applied, with how `auto` spinning was decided."""
+        parts = [f"{key}={_text(value)}" for key, value in self.to_dict().items()]
+        if self.load_average is not None:
+            sign = "<" if self.allow_spinning else ">="
+            parts[-1] += (f" (auto: load average {self.load_average:.2f} {sign} "
+                          f"{self.cpus} CPUs)")
+        return "onnxruntime session: " + ", ".join(parts)
+
+
+def _known() -> list[str]:
+    return sorted(f.name for f in fields(SessionConfig))
 
 
 def _count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def session_options(config: SessionConfig, external_folder: Path | None = None):
+def _text(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def session_options(config: SessionConfig | ResolvedSession,
+                    external_folder: Path | None = None):
     """An `onnxruntime.SessionOptions` for `config`; external data is read from `external_folder`.
 
+    A `SessionConfig` is resolved here with the machine's load average; pass a
+    `ResolvedSession` to apply settings decided earlier (and reported by the executable).
     External-data locations in model.onnx are relative to the artifact root (for example
     `weights/model-00001-of-00001.safetensors`): ONNX Runtime refuses locations that climb out of
     the model's folder with `..`, so the model is loaded from bytes and ORT is told the root here.
     """
     import onnxruntime as ort
 
+    settings = config if isinstance(config, ResolvedSession) else config.resolve()
+    chosen = settings.config
     levels = {"disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
               "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
               "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
@@ -111,21 +197,21 @@ def session_options(config: SessionConfig, external_folder: Path | None = None):
     modes = {"sequential": ort.ExecutionMode.ORT_SEQUENTIAL,
              "parallel": ort.ExecutionMode.ORT_PARALLEL}
     so = ort.SessionOptions()
-    so.graph_optimization_level = levels[config.graph_optimization_level]
-    so.intra_op_num_threads = config.resolved_intra_threads()
-    so.inter_op_num_threads = config.inter_op_threads
-    so.execution_mode = modes[config.execution_mode]
-    so.enable_cpu_mem_arena = config.cpu_mem_arena
-    so.enable_mem_pattern = config.mem_pattern
-    so.add_session_config_entry("session.intra_op.allow_spinning",
-                                "1" if config.allow_spinning else "0")
+    so.graph_optimization_level = levels[chosen.graph_optimization_level]
+    so.intra_op_num_threads = settings.intra_op_threads
+    so.inter_op_num_threads = chosen.inter_op_threads
+    so.execution_mode = modes[chosen.execution_mode]
+    so.enable_cpu_mem_arena = chosen.cpu_mem_arena
+    so.enable_mem_pattern = chosen.mem_pattern
+    so.add_session_config_entry(SPINNING_KEY, "1" if settings.allow_spinning else "0")
     so.log_severity_level = 3  # errors only: ORT's warnings are about its own fusions
     if external_folder is not None:
         so.add_session_config_entry(EXTERNAL_FOLDER_KEY, str(Path(external_folder).resolve()))
     return so
 
 
-def create_session(model: bytes, config: SessionConfig, external_folder: Path | None = None):
+def create_session(model: bytes, config: SessionConfig | ResolvedSession,
+                   external_folder: Path | None = None):
     """An inference session on the CPU execution provider for serialized ONNX `model`."""
     import onnxruntime as ort
 

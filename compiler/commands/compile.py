@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 
+from ..config import OptionAssignment, load_config, options_from_assignments, parse_assignment
 from ..errors import DayzeroError
 from ..log import StageLog
+
+BACKEND_OPTION_HELP = (
+    "set a backend option (repeatable; later ones win; merged over the config's "
+    "backend_options:). KEY is a dotted path under --backend's options, or under another "
+    "backend's with a BACKEND: prefix; VALUE is YAML. onnxruntime takes session.<setting> "
+    "(intra_op_threads, inter_op_threads, allow_spinning=true|false|auto, "
+    "graph_optimization_level, execution_mode, cpu_mem_arena, mem_pattern) and "
+    "exclude_kernels=[com.microsoft.Gelu]; e.g. --backend-option session.intra_op_threads=2, "
+    "or with --backend triton --fallback onnxruntime: "
+    "--backend-option onnxruntime:session.allow_spinning=false")
 
 
 def add_parser(sub) -> None:
@@ -18,6 +30,9 @@ def add_parser(sub) -> None:
                    help="backend for the nodes --backend does not support (e.g. --backend triton "
                         "--fallback onnxruntime)")
     p.add_argument("--config", metavar="FILE.yaml")
+    p.add_argument("--backend-option", action="append", default=[], type=_backend_option,
+                   dest="backend_options", metavar="[BACKEND:]KEY=VALUE",
+                   help=BACKEND_OPTION_HELP)
     p.add_argument("--dump-ir", metavar="DIR", help="write the IR after every pass into DIR")
     p.add_argument("--passes", metavar="a,b,c", help="pass pipeline (overrides the config)")
     p.add_argument("--force", action="store_true", help="replace OUT if it exists")
@@ -34,6 +49,8 @@ def compile_command(args) -> int:
     from ..spec import load_spec
 
     log = StageLog(sys.stderr)
+    backend_options = options_from_assignments(args.backend_options, args.backend)
+    load_config(None).with_backend_options(backend_options, "--backend-option")  # names, early
     seq_range = _seq_range(args.seq_len)
     with log.stage("load", args.spec):
         spec = load_spec(args.spec, seq_range=seq_range)
@@ -45,7 +62,8 @@ def compile_command(args) -> int:
     compile(spec.module, spec.example_inputs, out=args.out, backend=args.backend,
             dynamic_shapes=spec.dynamic_shapes, config=args.config, passes=args.passes,
             dump_ir=args.dump_ir, force=args.force, log=log, checkpoint=spec.checkpoint,
-            fallback=args.fallback, report=print if args.report else None)
+            fallback=args.fallback, report=print if args.report else None,
+            backend_options=backend_options)
     print(args.out)
     return 0
 
@@ -56,3 +74,12 @@ def _seq_range(text: str | None) -> tuple[int, int] | None:
     from ..checkpoint import parse_seq_range
 
     return parse_seq_range(text)
+
+
+def _backend_option(text: str) -> OptionAssignment:
+    """argparse type: a bad `--backend-option` is a usage error (exit 2) with one message."""
+    try:
+        return parse_assignment(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}; use [BACKEND:]KEY=VALUE, e.g. "
+                                         "session.intra_op_threads=2") from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import tempfile
 import time
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..config import OptionAssignment, options_from_assignments, parse_assignment
 from ..errors import DayzeroError
 
 
@@ -24,11 +26,19 @@ def add_parser(sub) -> None:
                    "the artifact's world size); torchrun runs it on several machines")
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                    help="how long a collective waits for the other ranks (default 300)")
+    p.add_argument("--session", action="append", default=[], type=_session_setting,
+                   metavar="KEY=VALUE",
+                   help="override a recorded onnxruntime session setting for this run "
+                        "(repeatable; VALUE is YAML), e.g. --session allow_spinning=false "
+                        "--session intra_op_threads=2; allow_spinning takes true, false or auto")
     p.set_defaults(handler=run_command)
 
 
 def run_command(args) -> int:
     model = _load(args)
+    described = getattr(model, "describe", lambda: None)()
+    if described:
+        print(described)
     inputs = _gather_inputs(model, args.input, _sizes(args.size))
     start = time.perf_counter()
     outputs = model(*inputs)
@@ -53,14 +63,27 @@ def _load(args):
     nproc = world if args.nproc is None else args.nproc
     if nproc < 1:
         raise DayzeroError(f"--nproc {nproc} is not a positive number of ranks", "--nproc")
+    session = options_from_assignments(args.session, "session").get("session")
     if world == 1 and nproc == 1:
-        return runtime.load(args.artifact)
+        return runtime.load(args.artifact, session=session)
+    if session:
+        raise DayzeroError("--session cannot override the settings of a partitioned artifact "
+                           "yet", args.artifact, "run it without --session")
     from runtime.artifact import _read_manifest
 
     check_world(_read_manifest(Path(args.artifact)), nproc, f"--nproc {nproc}")
     # the ranks hash their own weight shards; here only sizes and headers are read
     return LaunchedModel(runtime.open_artifact(args.artifact, verify="size"),
                          timeout=args.timeout or DEFAULT_TIMEOUT)
+
+
+def _session_setting(text: str) -> OptionAssignment:
+    """argparse type: a bad `--session` is a usage error (exit 2) with one message."""
+    try:
+        return parse_assignment(text, prefixed=False)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}; use KEY=VALUE, e.g. "
+                                         "allow_spinning=false") from None
 
 
 def _sizes(items: list[str]) -> dict[str, int]:
