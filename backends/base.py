@@ -64,6 +64,11 @@ class ArtifactView(Protocol):
 
 class Backend(ABC):
     name: str = ""
+    # The pass pipeline this backend's lowering is best with, used when neither the caller nor
+    # the config names one (None: the global default, passes.DEFAULT_PIPELINE). A string, so a
+    # backend declares it without importing the passes. Partitioned compiles always use the
+    # global default: tensor parallelism shards the unfused, unmerged projections.
+    default_pipeline: str | None = None
 
     @abstractmethod
     def capabilities(self) -> Capabilities:

@@ -145,7 +145,7 @@ def compile_peer(model, inputs) -> Peer:
     return Peer("torch.compile", time.perf_counter() - start, lambda: compiled(*inputs), out)
 
 
-def onnx_export_peer(model, inputs, dynamic, workdir: Path) -> Peer:
+def onnx_export_peer(model, inputs, dynamic, workdir: Path, session: dict) -> Peer:
     try:
         import onnxscript  # noqa: F401
     except ImportError:
@@ -156,20 +156,20 @@ def onnx_export_peer(model, inputs, dynamic, workdir: Path) -> Peer:
         warnings.simplefilter("ignore")
         torch.onnx.export(model, inputs, str(path), dynamo=True, dynamic_shapes=dynamic,
                           verbose=False)
-    session = create_session(path.read_bytes(), SessionConfig(), workdir)
+    session = create_session(path.read_bytes(), SessionConfig(**session), workdir)
     took = time.perf_counter() - start
     feeds = {i.name: x.numpy() for i, x in zip(session.get_inputs(), inputs)}
     run = lambda: session.run(None, feeds)
     return Peer("torch.onnx.export+ORT", took, run, _first(run()))
 
 
-def dayzero_peer(model, inputs, dynamic, workdir: Path) -> Peer:
+def dayzero_peer(model, inputs, dynamic, workdir: Path, session: dict) -> Peer:
     from backends.onnxruntime import read_record
 
     start = time.perf_counter()
     path = compiler.compile(model, inputs, out=workdir / "model.dz", backend="onnxruntime",
                             dynamic_shapes=dynamic, force=True)
-    loaded = runtime.load(path)
+    loaded = runtime.load(path, session=session)
     took = time.perf_counter() - start
     arrays = [x.numpy() for x in inputs]
     graph = parse_ir((path / "graph.dzir").read_text())
@@ -182,28 +182,30 @@ def dayzero_peer(model, inputs, dynamic, workdir: Path) -> Peer:
                        "contrib": contrib, "pipeline": loaded.manifest.get("pipeline")})
 
 
-def time_interleaved(peers: list[Peer], repeat: int, warmup: int = 3,
-                     pause_s: float = 0.02) -> None:
-    """Interleave the peers, so that a busy moment on the machine hits them all alike.
+def time_interleaved(peers: list[Peer], repeat: int, block: int = 5, warmup: int = 2,
+                     pause_s: float = 0.2) -> None:
+    """Interleave the peers in blocks, so that a busy moment on the machine hits them all alike.
 
-    The order is shuffled every round (seeded) and each call follows a short pause: torch's
-    OpenMP workers keep spinning for a while after a call, and would otherwise always slow down
-    whichever peer happens to run right after a torch one.
+    Each round runs every peer once, in a shuffled (seeded) order, as a block: a pause, `warmup`
+    untimed calls, then `block` timed calls back to back, as a serving loop makes them. The pause
+    lets the previous peer's worker threads go idle (torch's OpenMP workers and ORT's spinning
+    workers keep a core busy for a while after a call); without it, whichever peer runs next is
+    measured against them.
     """
     ready = [p for p in peers if p.run is not None]
     order = random.Random(0)
     with torch.no_grad():
-        for _ in range(warmup):
-            for p in ready:
-                p.run()
-        for _ in range(repeat):
+        for _ in range(-(-repeat // block)):
             order.shuffle(ready)
             for p in ready:
                 time.sleep(pause_s)
-                start, cpu = time.perf_counter(), time.process_time()
-                p.run()
-                p.times.append(time.perf_counter() - start)
-                p.cpu_times.append(time.process_time() - cpu)
+                for _ in range(warmup):
+                    p.run()
+                for _ in range(block):
+                    start, cpu = time.perf_counter(), time.process_time()
+                    p.run()
+                    p.times.append(time.perf_counter() - start)
+                    p.cpu_times.append(time.process_time() - cpu)
 
 
 def _diff(out, ref) -> float:
@@ -276,13 +278,13 @@ def _timed(fn) -> float:
 
 # -- report -------------------------------------------------------------------------------------
 
-def bench(name: str, repeat: int) -> list[Peer]:
+def bench(name: str, repeat: int, session: dict) -> list[Peer]:
     model, inputs, dynamic = WORKLOADS[name]()
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
         workdir = Path(tmp)
         peers = [eager_peer(model, inputs), compile_peer(model, inputs),
-                 onnx_export_peer(model, inputs, dynamic, workdir),
-                 dayzero_peer(model, inputs, dynamic, workdir)]
+                 onnx_export_peer(model, inputs, dynamic, workdir, session),
+                 dayzero_peer(model, inputs, dynamic, workdir, session)]
         time_interleaved(peers, repeat)
     return peers
 
@@ -321,19 +323,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workloads", default=",".join(WORKLOADS),
                         help=f"comma-separated subset of {', '.join(WORKLOADS)}")
     parser.add_argument("--repeat", type=int, default=30, help="timed runs per peer")
+    parser.add_argument("--spinning", choices=("auto", "on", "off"), default="auto",
+                        help="ORT thread spinning for both ORT peers (auto: decided once, from "
+                             "the load average at the start, as dayzero's loader decides it)")
     args = parser.parse_args(argv)
     names = [n for n in args.workloads.split(",") if n]
     unknown = sorted(set(names) - set(WORKLOADS))
     if unknown:
         parser.error(f"unknown workloads {unknown}; choose from {sorted(WORKLOADS)}")
-    threads = SessionConfig().resolved_intra_threads()
+    spinning = {"auto": "auto", "on": True, "off": False}[args.spinning]
+    decided = SessionConfig(allow_spinning=spinning).resolve()
+    # both ORT peers get exactly these settings, decided once
+    session = {"intra_op_threads": decided.intra_op_threads,
+               "allow_spinning": decided.allow_spinning}
+    threads = decided.intra_op_threads
     torch.set_num_threads(threads)
     rate, library = gemm_rate(threads)
     print(f"# peers: {threads} threads, torch {torch.__version__}, onnxruntime "
           f"{_version('onnxruntime')}, fp32 GEMM {rate / 1e9:.0f} GFLOP/s ({library}), "
-          f"load average {os.getloadavg()[0]:.1f}, session {SessionConfig().to_dict()}\n")
+          f"load average {os.getloadavg()[0]:.1f}, ORT session for both ORT peers "
+          f"{SessionConfig(**session).to_dict()} (spinning {args.spinning})\n")
     for name in names:
-        print(report(name, bench(name, args.repeat), rate), flush=True)
+        print(report(name, bench(name, args.repeat, session), rate), flush=True)
     print(f"load average at the end: {os.getloadavg()[0]:.1f}")
     return 0
 

@@ -18,7 +18,8 @@ def compile(model, example_inputs: tuple, out: str | Path = "model.dz",
             config: Mapping[str, Any] | str | Path | None = None, *, passes: str | None = None,
             dump_ir: str | Path | None = None, force: bool = False,
             log: StageLog | None = None, checkpoint: Any = None,
-            fallback: str | None = None, report: Callable[[str], None] | None = None) -> Path:
+            fallback: str | None = None, report: Callable[[str], None] | None = None,
+            backend_options: Mapping[str, Any] | None = None) -> Path:
     """Compile `model` into an artifact directory at `out` and return its path.
 
     `passes` (a pipeline string) overrides the config's `passes:`; `dump_ir` writes the IR after
@@ -28,11 +29,12 @@ def compile(model, example_inputs: tuple, out: str | Path = "model.dz",
     `fallback` names a backend for the nodes `backend` does not support (the backend must
     accept a `fallback` option, as triton does: it partitions by capabilities).
     `report` receives the fusion report (op counts before and after, patterns that fired).
+    `backend_options` ({backend name: options}) is merged over the config's `backend_options:`.
     """
     from .frontend import export
 
     log = log or SILENT
-    cfg = load_config(config)
+    cfg = load_config(config).with_backend_options(backend_options)
     _refuse_unimplemented(cfg)
     target = _backend(backend)
     out = Path(out)
@@ -66,7 +68,7 @@ def lower_and_write(graph: Graph, out: Path, target, cfg: CompileConfig, *,
     from passes.plan_memory import memory_plan_for
     from runtime.artifact import write_artifact
 
-    pipeline = parse_pipeline(passes or (",".join(cfg.passes) if cfg.passes else DEFAULT_PIPELINE))
+    pipeline = parse_pipeline(passes or _default_pipeline(cfg, target, DEFAULT_PIPELINE))
     pipeline = _with_precision(pipeline, cfg)
     manager = PassManager(pipeline, dump_dir=dump_ir, log=log.line)
     before = op_counts(graph)  # passes change the graph in place
@@ -78,11 +80,11 @@ def lower_and_write(graph: Graph, out: Path, target, cfg: CompileConfig, *,
         return _write_partitioned(graph, out, target, cfg, format_pipeline(pipeline),
                                   dump_ir=dump_ir, force=force, log=log)
     fallback_target = _backend(fallback) if fallback else None
-    # fused ops a backend has no kernel for run as their decomposition into primitive ops
-    decompose_unsupported(graph, lambda n: target.supports(n) or (
-        fallback_target is not None and fallback_target.supports(n)))
+    # fused ops a backend has no kernel for run as their decomposition into primitive ops, on
+    # the target where it runs them (the fallback only gets what the target cannot run)
+    decompose_unsupported(graph, target.supports)
     _check_supported(graph, target, fallback=fallback_target)
-    options = {"fallback": fallback} if fallback else {}
+    options = _lower_options(cfg, target.name, fallback)
     extra = {"pipeline": format_pipeline(pipeline),
              "config": {"parallel": cfg.parallel, "precision": cfg.precision,
                         "quantize": cfg.quantize}}
@@ -96,6 +98,16 @@ def lower_and_write(graph: Graph, out: Path, target, cfg: CompileConfig, *,
                               manifest_extra=extra, progress=bar)
     log.line(f"wrote {path}")
     return path
+
+
+def _default_pipeline(cfg: CompileConfig, target, default: str) -> str:
+    """The config's `passes:`, else the backend's own pipeline (single device), else `default`.
+    Partitioned compiles keep `default`: tensor parallelism shards unmerged projections."""
+    if cfg.passes:
+        return ",".join(cfg.passes)
+    if _world_size(cfg) == 1 and target.default_pipeline:
+        return target.default_pipeline
+    return default
 
 
 def _world_size(cfg: CompileConfig) -> int:
@@ -127,11 +139,22 @@ def _write_partitioned(graph: Graph, out: Path, target, cfg: CompileConfig, pipe
     with log.stage("lower+write", f"backend {target.name}, {mesh.world_size} ranks -> {out}"):
         total = sum(int(getattr(t, "nbytes", 0)) for r in plan.ranks
                     for t in r.graph.weight_data.values())
-        path = write_artifact(out, plan.graph, target, options={}, force=force,
-                              manifest_extra=extra, progress=log.progress(total, "weights"),
-                              ranks=plan.ranks)
+        path = write_artifact(out, plan.graph, target, options=cfg.options_for(target.name),
+                              force=force, manifest_extra=extra,
+                              progress=log.progress(total, "weights"), ranks=plan.ranks)
     log.line(f"wrote {path}")
     return path
+
+
+def _lower_options(cfg: CompileConfig, backend: str, fallback: str | None) -> dict[str, Any]:
+    """The options `lower` gets: the backend's own; with a fallback, its name and (when set)
+    the fallback backend's options as `fallback_options`, for the segments it lowers."""
+    options = cfg.options_for(backend)
+    if fallback:
+        options["fallback"] = fallback
+        if cfg.options_for(fallback):
+            options["fallback_options"] = cfg.options_for(fallback)
+    return options
 
 
 def _backend(name: str):

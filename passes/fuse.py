@@ -46,6 +46,7 @@ class Fuse(Pass):
     rotary: bool = True
     residual: bool = True
     mlp: bool = True
+    heads: bool = True
     epilogue: bool = True
     horizontal: bool = True
     max_sweeps: int = 16

@@ -21,7 +21,7 @@ from backends.base import ArtifactView, Backend, Capabilities, WeightLocation
 from compiler.errors import DayzeroError
 
 from .inspection import RECORD, format_node_map, node_map, read_record
-from .session import SessionConfig
+from .session import LoadAverage, SessionConfig, one_minute_load
 
 if TYPE_CHECKING:
     from compiler.ir import Graph, Node
@@ -30,20 +30,30 @@ if TYPE_CHECKING:
 
 MODEL = "model.onnx"
 OPTION_KEYS = ("session", "exclude_kernels")
+OPTION_PATH = "backend_options.onnxruntime"  # the config key the options come from
 DTYPES = frozenset({"f32", "f64", "f16", "bf16", "i64", "i32", "i16", "i8", "u8", "bool"})
 
 __all__ = ["OnnxRuntimeBackend", "format_node_map", "node_map", "read_record"]
 
 
 class OnnxRuntimeBackend(Backend):
-    """Options (the `options` mapping given to `lower`, stored in the manifest):
+    """Options (the `options` mapping given to `lower`, stored in the manifest; the user sets
+    them as `backend_options: {onnxruntime: {...}}` in the config, `backend_options=` of
+    `compiler.compile` or `dayzero compile --backend-option KEY=VALUE`):
 
-    - `session`: overrides of `SessionConfig` fields (threads, optimization level, arena, ...).
+    - `session`: overrides of `SessionConfig` fields (threads, optimization level, arena,
+      spinning, ...), recorded in lowering.json; `load(artifact, session=...)` overrides them
+      again for one run on the machine that runs the model.
     - `exclude_kernels`: ORT kernels to treat as missing, e.g. ["com.microsoft.Gelu"], to
       produce a model for a reduced ORT build that lacks them.
     """
 
     name = "onnxruntime"
+    # Cleanup, then the causal masks proved and dropped, then fusion: its ops are what the
+    # contrib kernels run (GroupQueryAttention, SkipSimplifiedLayerNormalization, ...). No
+    # plan_memory: ONNX Runtime plans its own arena.
+    default_pipeline = ("remove_noops,fold_constants,eliminate_common_subexpressions,"
+                        "recognize_causal_masks,eliminate_dead_code,fuse")
 
     def capabilities(self) -> Capabilities:
         from .op_table import CONVERTERS, LIMIT_NOTES
@@ -64,10 +74,13 @@ class OnnxRuntimeBackend(Backend):
         options = dict(options or {})
         unknown = sorted(set(options) - set(OPTION_KEYS))
         if unknown:
-            raise DayzeroError(f"unknown onnxruntime backend option(s) {unknown}",
-                               "backend options", f"known options: {list(OPTION_KEYS)}")
+            paths = ", ".join(f"'{OPTION_PATH}.{key}'" for key in unknown)
+            raise DayzeroError(f"unknown onnxruntime backend option {paths}",
+                               f"{OPTION_PATH}.{unknown[0]}",
+                               f"known options: {list(OPTION_KEYS)}")
         config = SessionConfig.from_options(options.get("session"))
-        kernels = installed_kernels().without(options.get("exclude_kernels", ()))
+        kernels = installed_kernels()
+        kernels = kernels.without(_excluded_kernels(options.get("exclude_kernels"), kernels))
         lowered = lower_graph(graph, weights, kernels)
         record = {"opset": OPSET, "session": config.to_dict(), "variants": lowered.variants(),
                   "wide_io": lowered.wide_io, "nodes": lowered.nodes}
@@ -78,28 +91,55 @@ class OnnxRuntimeBackend(Backend):
         """Which ONNX ops each IR node became, and the session options."""
         return format_node_map(read_record(artifact))
 
-    def load(self, artifact: ArtifactView) -> OrtExecutable:
+    def load(self, artifact: ArtifactView, *, session: Mapping[str, Any] | None = None,
+             load_average: LoadAverage = one_minute_load) -> OrtExecutable:
+        """The recorded session settings, overridden by `session` for this run (threads,
+        spinning: they belong to the machine that runs the model); `auto` spinning is decided
+        now, from `load_average` (injectable for tests)."""
         from .executable import OrtExecutable
         from .session import create_session
 
         record = read_record(artifact)
-        config = SessionConfig.from_options(record.get("session"))
+        recorded = f"{artifact.root}/backend/{RECORD}: session"
+        config = SessionConfig.from_options(record.get("session"), recorded)
+        settings = config.overridden(session, "session").resolve(load_average)
         _check_kernels(record, artifact)
         model = artifact.payload_path(MODEL).read_bytes()
         try:
-            session = create_session(model, config, artifact.root)
+            ort_session = create_session(model, settings, artifact.root)
         except Exception as exc:  # ORT raises its own exception types, one per status code
             raise DayzeroError(f"onnxruntime {_ort_version()} cannot load this model: {exc}",
                                str(artifact.payload_path(MODEL)),
                                "use onnxruntime >= 1.18, or recompile the artifact with the "
                                "onnxruntime installed here") from exc
-        return OrtExecutable(session, record)
+        return OrtExecutable(ort_session, record, settings)
 
     def observe(self, artifact: ArtifactView, values):
         """Intermediate values for `dayzero align` (see `observe.py`)."""
         from .observe import observer
 
         return observer(artifact, values, MODEL)
+
+
+def _excluded_kernels(names: Any, kernels) -> list[str]:
+    """`exclude_kernels`, checked: a list of kernel names that this onnxruntime has or that a
+    fused lowering can ask for (a misspelt name would otherwise exclude nothing, silently)."""
+    from .fused import VARIANTS
+
+    where = f"{OPTION_PATH}.exclude_kernels"
+    if names is None:
+        return []
+    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+        raise DayzeroError(f"onnxruntime option '{where}' must be a list of kernel names, "
+                           f"not {names!r}", where, "e.g. [com.microsoft.Gelu]")
+    fused = {str(k) for variants in VARIANTS.values() for v in variants for k in v.requires}
+    unknown = [n for n in names if n not in fused and not kernels.has_op(n)]
+    if unknown:
+        raise DayzeroError(f"onnxruntime option '{where}' names {', '.join(unknown)}, which is "
+                           f"no kernel of onnxruntime {_ort_version()}", where,
+                           "name kernels as domain.Op, e.g. one of the fused kernels "
+                           f"{sorted(fused)}")
+    return names
 
 
 def _check_kernels(record: Mapping[str, Any], artifact: ArtifactView) -> None:

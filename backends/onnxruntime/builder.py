@@ -48,6 +48,10 @@ class Builder:
         self._counter = 0
         self._current_start = 0
         self.node_ops: list[list[str]] = []
+        # IR value (by id) -> the ONNX name holding it, filled in by the lowering as it goes: a
+        # converter may read a value its node does not take (a fused kernel that consumes the
+        # tensor its inputs were sliced from)
+        self.value_names: dict[int, str] = {}
 
     # -- names ---------------------------------------------------------------------------------
     def fresh(self, hint: str = "t") -> str:
@@ -133,7 +137,7 @@ class Builder:
     def end(self) -> list[onnx.NodeProto]:
         """The ONNX nodes emitted for the current IR node, recorded for inspection."""
         emitted = self.nodes[self._current_start:]
-        self.node_ops.append([_qualified(n) for n in emitted])
+        self.node_ops.append([qualified_op(n) for n in emitted])
         return emitted
 
 
@@ -143,5 +147,5 @@ def fill_value(value: Any, dtype: DType) -> onnx.TensorProto:
     return helper.make_tensor("value", ONNX_DTYPES[dtype], [1], vals)
 
 
-def _qualified(node: onnx.NodeProto) -> str:
+def qualified_op(node: onnx.NodeProto) -> str:
     return f"{node.domain}.{node.op_type}" if node.domain else node.op_type

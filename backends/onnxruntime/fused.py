@@ -8,8 +8,9 @@ the missing op, and moves on to the next variant; the op's standard converter in
 the final fallback and always works.
 
 Listed: linear (FusedMatMul, no reshapes), gelu (Gelu / FastGelu), silu (QuickGelu), the residual
-norms (SkipSimplifiedLayerNormalization / SkipLayerNormalization) and attention
-(MultiHeadAttention). Not listed, and why:
+norms (SkipSimplifiedLayerNormalization / SkipLayerNormalization), attention
+(MultiHeadAttention) and the whole attention block with rotary (GroupQueryAttention, see
+convert_heads). Not listed, and why:
 - rms_norm: ORT's SimplifiedLayerNormalization kernel lives in the ONNX domain without being an
   ONNX op, so the checker rejects it; the standard form is emitted in the exact pattern ORT's
   optimizer fuses into that kernel at load time (see convert_nn.rms_norm).
@@ -28,6 +29,7 @@ from .builder import Builder
 from .convert_attention import mha, mha_fits
 from .convert_elementwise import Converter, in_dtype
 from .convert_fused import add_layer_norm, add_rms_norm, skip_norm_fits
+from .convert_heads import gqa, gqa_fits
 from .convert_nn import linear_fused_matmul
 from .probe import Kernel, KernelSet
 
@@ -101,6 +103,10 @@ VARIANTS: dict[str, tuple[Variant, ...]] = {
     "scaled_dot_product_attention": (
         Variant("com.microsoft.MultiHeadAttention", (Kernel(MS, "MultiHeadAttention"),),
                 _mha_fits, mha),
+    ),
+    "multi_head_attention": (
+        Variant("com.microsoft.GroupQueryAttention", (Kernel(MS, "GroupQueryAttention"),),
+                gqa_fits, gqa),
     ),
 }
 

@@ -24,7 +24,7 @@ from compiler.ir import DType, Graph, Node, TensorType, format_node
 from compiler.ir.symbolic import dim_str
 
 from . import op_table
-from .builder import ONNX_DTYPES, Builder
+from .builder import ONNX_DTYPES, Builder, qualified_op
 from .probe import KernelSet, installed_kernels
 from .symdims import symbol_sources
 
@@ -65,17 +65,23 @@ def lower_graph(graph: Graph, weights: Mapping[str, WeightLocation],
     reserved = [v.name for v in graph.inputs] + list(graph.weights)
     b = Builder(symbol_sources([(v.name, v.type.shape) for v in graph.inputs]), kernels,
                 reserved)
-    env: dict[int, str] = {id(v): _narrow_input(b, v) for v in graph.inputs}
+    env = b.value_names
+    env.update({id(v): _narrow_input(b, v) for v in graph.inputs})
     env.update({id(v): name for name, v in graph.weights.items()})
     record = []
     for node in graph.nodes:
         record.append(_lower_node(b, graph, node, env))
     outputs = _outputs(b, graph, env)
+    nodes = _live(b.nodes, outputs)
+    kept = {n.name: qualified_op(n) for n in nodes}
+    for entry in record:  # what each IR node became, less what no output needs
+        entry["onnx"] = [kept[n] for n in entry.pop("_emitted") if n in kept]
+    read = {name for node in nodes for name in node.input} | set(outputs)
     initializers = [_external(name, graph, weights) for name in graph.weights]
     onnx_graph = helper.make_graph(
-        b.nodes, graph.name, [_value_info(v.name, _io_type(v.type)) for v in graph.inputs],
+        nodes, graph.name, [_value_info(v.name, _io_type(v.type)) for v in graph.inputs],
         [_value_info(name, _io_type(v.type)) for name, v in zip(outputs, graph.outputs)],
-        initializers + b.initializers)
+        initializers + [c for c in b.initializers if c.name in read])
     opsets = [helper.make_opsetid("", OPSET)]
     opsets += [helper.make_opsetid(d, CONTRIB_DOMAINS.get(d, v))
                for d, v in sorted(b.opsets.items())]
@@ -87,6 +93,18 @@ def lower_graph(graph: Graph, weights: Mapping[str, WeightLocation],
             "outputs": {name: v.type.dtype.value for name, v in zip(outputs, graph.outputs)
                         if v.type.dtype in WIDE_IO}}
     return Lowered(model, record, wide)
+
+
+def _live(nodes: list[onnx.NodeProto], outputs: list[str]) -> list[onnx.NodeProto]:
+    """The nodes some output depends on. A fused kernel may read a tensor its IR inputs were
+    cut from (GroupQueryAttention takes the packed QKV projection), leaving the cutting nodes
+    unread; ONNX Runtime would still run them."""
+    needed, kept = set(outputs), []
+    for node in reversed(nodes):
+        if any(o in needed for o in node.output if o):
+            kept.append(node)
+            needed.update(i for i in node.input if i)
+    return kept[::-1]
 
 
 def _io_type(type: TensorType) -> TensorType:
@@ -113,7 +131,8 @@ def _lower_node(b: Builder, graph: Graph, node: Node, env: dict[int, str]) -> di
     emitted = b.end()
     for value, name in zip(node.outputs, outs):
         env[id(value)] = _rename(b, emitted, name, value.name)
-    return {"node": format_node(node, graph), "onnx": b.node_ops[-1], "lowering": how}
+    return {"node": format_node(node, graph), "onnx": b.node_ops[-1], "lowering": how,
+            "_emitted": [n.name for n in emitted]}
 
 
 def _rename(b: Builder, emitted: list[onnx.NodeProto], name: str, want: str) -> str:

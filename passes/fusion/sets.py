@@ -3,7 +3,8 @@
 Phases run in order, each to a fixpoint: later phases build on the ops earlier ones produce (the
 residual rules need the norm with its weight folded in; the epilogue rules must not take the
 linears a gated MLP is made of; horizontal merging comes last so that it only merges linears no
-pattern claimed). A phase is a list of pattern-set names.
+pattern claimed; the attention block (`heads`) needs the attention and rotary ops of the
+first phase). A phase is a list of pattern-set names.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Callable
 from compiler.ir import Graph
 
 from ..rewrite import RewriteRecord, RuleSet
-from . import activations, attention, mlp, norms, rotary
+from . import activations, attention, heads, mlp, norms, rotary
 from .horizontal import merge_horizontal
 
 RULE_SETS: dict[str, RuleSet] = {
@@ -23,6 +24,7 @@ RULE_SETS: dict[str, RuleSet] = {
     "rotary": rotary.RULES,
     "residual": norms.RESIDUAL_RULES,
     "mlp": mlp.GATED_RULES,
+    "heads": heads.RULES,
     "epilogue": mlp.EPILOGUE_RULES,
 }
 
@@ -33,7 +35,7 @@ TRANSFORMS: dict[str, Callable[[Graph], list[RewriteRecord]]] = {
 
 PHASES: tuple[tuple[str, ...], ...] = (
     ("activations", "norms", "attention", "rotary"),
-    ("residual", "mlp"),
+    ("residual", "mlp", "heads"),
     ("epilogue",),
     ("horizontal",),
 )

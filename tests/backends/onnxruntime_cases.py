@@ -236,6 +236,24 @@ def _rotary(g):
     return [op(g, "rotary_embedding", [x, cos, sin]).output]
 
 
+def _multi_head(rotary: bool, causal: bool, size: int = 16):
+    """Attention on [b, s, h*d] projections: 4 query heads, 2 KV heads of `size`. The rotary
+    tables are cos/sin of concat(f, f) (equal halves), so the causal form with a head size that
+    is a multiple of 16 fits GroupQueryAttention; the others run the decomposition."""
+    def build(g):
+        q = g.add_input("q", t(F, 2, S, 4 * size))
+        k, v = g.add_input("k", t(F, 2, S, 2 * size)), g.add_input("v", t(F, 2, S, 2 * size))
+        tables = [None, None]
+        if rotary:
+            f = g.add_input("f", t(F, 1, 1, S, size // 2))
+            both = op(g, "concat", [f, f], dim=-1).output
+            tables = [op(g, "cos", [both]).output, op(g, "sin", [both]).output]
+        mask = None if causal else g.add_input("m", t(B, 1, 1, S, S))
+        return [op(g, "multi_head_attention", [q, k, v, *tables, mask], num_heads=4,
+                   kv_num_heads=2, is_causal=causal).output]
+    return build
+
+
 def _fused_linear(layout, activation):
     def build(g):
         x = g.add_input("x", t(F, 2, S, 6))
@@ -405,6 +423,12 @@ CASES: dict[str, Case] = {
     "repeat": Case(_repeat),
     "creation": Case(_creation),
     "rotary_embedding": Case(_rotary),
+    "multi_head_attention_gqa": Case(_multi_head(rotary=True, causal=True), {"f": (-3, 3)}),
+    "multi_head_attention_plain_gqa": Case(_multi_head(rotary=False, causal=True)),
+    "multi_head_attention_size8": Case(_multi_head(rotary=True, causal=True, size=8),
+                                       {"f": (-3, 3)}),
+    "multi_head_attention_masked": Case(_multi_head(rotary=True, causal=False),
+                                        {"f": (-3, 3)}),
     "fused_linear_gelu": Case(_fused_linear("out_in", "gelu")),
     "fused_linear_in_out_silu": Case(_fused_linear("in_out", "silu")),
     "gated_mlp": Case(_gated_mlp),

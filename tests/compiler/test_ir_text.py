@@ -71,6 +71,9 @@ OP_EXAMPLES = {
     "scaled_dot_product_attention": (
         [f32(1, 4, S0, 16), f32(1, 2, S0, 16), f32(1, 2, S0, 16), b(S0, S0)],
         {"scale": 0.25, "enable_gqa": True}),
+    "multi_head_attention": (
+        [f32(1, S0, 32), f32(1, S0, 16), f32(1, S0, 16), f32(1, 1, S0, 8), f32(1, 1, S0, 8),
+         None], {"num_heads": 4, "kv_num_heads": 2, "is_causal": True}),
     "sum": ([f32(S0, 4)], {"dims": [1], "keepdim": True}),
     "mean": ([f32(S0, 4)], {"dims": [-1]}),
     "var": ([f32(S0, 4)], {"dims": [0], "correction": 0}),

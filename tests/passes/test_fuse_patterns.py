@@ -184,6 +184,38 @@ REFUSED = {
           %out: f32[3, 2, 4, 8] = matmul(%p, %v)
           return %out
         }""", "out", "the mask broadcasts the scores to more batch dims than q has"),
+    "a KV cache output keeps the heads split": ("""
+        graph main {
+          input %q: f32[1, 3, 32]
+          input %k: f32[1, 3, 32]
+          input %v: f32[1, 3, 32]
+          %qh: f32[1, 3, 4, 8] = reshape(%q) {shape=[1, 3, 4, 8]}
+          %qt: f32[1, 4, 3, 8] = permute(%qh) {dims=[0, 2, 1, 3]}
+          %kh: f32[1, 3, 4, 8] = reshape(%k) {shape=[1, 3, 4, 8]}
+          %kt: f32[1, 4, 3, 8] = permute(%kh) {dims=[0, 2, 1, 3]}
+          %vh: f32[1, 3, 4, 8] = reshape(%v) {shape=[1, 3, 4, 8]}
+          %vt: f32[1, 4, 3, 8] = permute(%vh) {dims=[0, 2, 1, 3]}
+          %o: f32[1, 4, 3, 8] = scaled_dot_product_attention(%qt, %kt, %vt, _) {is_causal=true}
+          %ot: f32[1, 3, 4, 8] = permute(%o) {dims=[0, 2, 1, 3]}
+          %out: f32[1, 3, 32] = reshape(%ot) {shape=[1, 3, 32]}
+          return %out, %kt
+        }""", "out", "%kt (permute) is a graph output and would be computed twice"),
+    "heads merged in another order": ("""
+        graph main {
+          input %q: f32[1, 3, 32]
+          input %k: f32[1, 3, 32]
+          input %v: f32[1, 3, 32]
+          %qh: f32[1, 3, 4, 8] = reshape(%q) {shape=[1, 3, 4, 8]}
+          %qt: f32[1, 4, 3, 8] = permute(%qh) {dims=[0, 2, 1, 3]}
+          %kh: f32[1, 3, 4, 8] = reshape(%k) {shape=[1, 3, 4, 8]}
+          %kt: f32[1, 4, 3, 8] = permute(%kh) {dims=[0, 2, 1, 3]}
+          %vh: f32[1, 3, 4, 8] = reshape(%v) {shape=[1, 3, 4, 8]}
+          %vt: f32[1, 4, 3, 8] = permute(%vh) {dims=[0, 2, 1, 3]}
+          %o: f32[1, 4, 3, 8] = scaled_dot_product_attention(%qt, %kt, %vt, _) {is_causal=true}
+          %ot: f32[1, 3, 4, 8] = permute(%o) {dims=[0, 2, 1, 3]}
+          %out: f32[1, 3, 8, 4] = reshape(%ot) {shape=[1, 3, 8, 4]}
+          return %out
+        }""", "out", "the heads are not merged back to [batch, seq, heads * head_size]"),
     "a bias add is not a residual add": ("""
         graph main {
           input %x: f32[2, 8]

@@ -120,7 +120,7 @@ def test_inspect_prints_stages_and_the_communication_report(tmp_path, capsys):
     assert "# parallel: world size 4 = data 1 x pipeline 2 x tensor 2" in out
     assert "# stage imbalance:" in out
     assert "# rank 0: 7 collectives" in out and "# rank 2: 7 collectives" in out
-    assert "#     all_reduce     %add_247.ar: f32[1, s0, 64] over tp [0, 1]: 256*s0 B" in out
+    assert "#     all_reduce     %add_6.ar: f32[1, s0, 64] over tp [0, 1]: 256*s0 B" in out
     assert "#     all_gather     %out: f32[1, s0, 256] over tp [2, 3]: 1024*s0 B" in out
     assert "# total: 28 collectives" in out
     assert "shard(" in out  # the annotated global graph follows

@@ -122,10 +122,10 @@ def _binary(target: str, first: str = "self", second: str = "other", reverse: bo
         x, y = a[first], a[second]
         dtype = em.result_type(x, y) if target in _BOOL_RESULT else em.out_dtype()
         x, y = em.tensor(x, dtype), em.tensor(y, dtype)
+        if reverse:  # rsub(self, other, alpha) = other - alpha * self
+            x, y = y, x
         if a.get("alpha", 1) != 1:
             y = em.op("mul", y, em.const(a["alpha"], dtype))
-        if reverse:
-            x, y = y, x
         return em.op(target, x, y)
     return convert
 
@@ -142,6 +142,10 @@ _BINARY = {
 }
 register_many({f"{op}.{ov}": op for op, overloads in _BINARY.items() for ov in overloads},
               _binary)
+# The Python operators `a & b`, `a | b`, `a ^ b` stay as dunder overloads in torch.export's
+# training IR; converting them lets a program skip run_decompositions altogether.
+register_many({f"__{op}__.{ov}": f"bitwise_{op}" for op in ("and", "or", "xor")
+               for ov in ("Tensor", "Scalar")}, _binary)
 converts("remainder.Scalar_Tensor", ir="remainder")(_binary("remainder"))
 converts("pow.Tensor_Tensor", "pow.Tensor_Scalar", ir="pow")(_binary("pow", second="exponent"))
 converts("pow.Scalar", ir="pow")(_binary("pow", second="exponent"))
@@ -181,6 +185,8 @@ def _masked_fill(em: Emitter, a):
                  em.tensor(a["self"], dtype))
 
 
-@converts("_to_copy.default", ir="cast")
+@converts("_to_copy.default", "to.dtype", "to.dtype_layout", "to.device", "to.other", ir="cast")
 def _to_copy(em: Emitter, a):
+    """Every `.to(...)` form: the IR has one device and no layouts, so only the dtype counts
+    (a functional graph never observes whether `.to` copied or aliased)."""
     return em.cast(a["self"], em.out_dtype())

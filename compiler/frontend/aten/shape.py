@@ -102,6 +102,22 @@ def _slice_tensor(em: Emitter, a):
     return _slice(em, x, dim, a["start"], em.out_shape()[dim], a["step"])
 
 
+@converts("diff.default", ir="sub")
+def _diff(em: Emitter, a):
+    """torch.diff: `n` rounds of x[1:] - x[:-1] along dim (`!=` for bool), after prepend/append."""
+    dtype = em.out_dtype()
+    x = a["self"]
+    dim = a["dim"] % max(x.type.rank, 1)
+    parts = [em.cast(p, x.dtype) for p in (a["prepend"], x, a["append"]) if p is not None]
+    if len(parts) > 1:
+        x = em.op("concat", *parts, dim=dim)
+    op = "ne" if dtype == DType.bool else "sub"
+    for _ in range(a["n"]):
+        length = x.shape[dim] - 1
+        x = em.op(op, _slice(em, x, dim, 1, length, 1), _slice(em, x, dim, 0, length, 1))
+    return x
+
+
 @converts("select.int", "select_copy.int", ir="select")
 def _select(em: Emitter, a):
     x = a["self"]

@@ -1,0 +1,152 @@
+"""multi_head_attention on ONNX Runtime's GroupQueryAttention kernel.
+
+GroupQueryAttention (com.microsoft) takes the [batch, seq, heads * head_size] projections as the
+linears produce them, shares each KV head among its group of query heads without repeating it,
+applies the rotary embedding to q and k itself, and is causal by construction. For a decoder's
+prompt that is the whole attention block in one kernel: no head transposes, no repeat_kv copies,
+no slice/neg/concat rotary ops.
+
+It fits a node when the attention is causal with no other mask over equal query and key lengths
+(GQA's prompt case: no past, `seqlens_k` = length - 1 and `total_sequence_length` = length), and,
+with rotary, when ORT's half-width cos/sin cache can be cut from the graph's tables: one row per
+position shared by every batch and head, whose two halves are provably equal (transformers build
+them as cos(concat(freqs, freqs))). The kernel reads cache row i for token i, and row i of the
+graph's own table is what token i was rotated with, so positions need not be 0..S-1.
+Anything else lowers through the op's decomposition.
+"""
+
+from __future__ import annotations
+
+import math
+
+from compiler.ir import DType, Node, Value, get_op
+from compiler.ir.symbolic import equal
+
+from .builder import ONNX_DTYPES, Builder
+
+MS = "com.microsoft"
+_MAX_DEPTH = 32
+# ops that keep every row of the last dim intact, so equal halves stay equal (given the other
+# operands either have equal halves too or broadcast along the last dim)
+_ROW_PRESERVING_KINDS = frozenset({"elementwise"})
+_ROW_PRESERVING_VIEWS = frozenset({"reshape", "expand", "permute", "slice", "select", "cast"})
+
+
+def gqa_fits(node: Node) -> str | None:
+    """None when GroupQueryAttention computes this node exactly, else why not."""
+    q, k, _, cos, sin, mask = node.inputs
+    if not node.attrs["is_causal"] or mask is not None:
+        return "GroupQueryAttention is causal attention without an extra mask"
+    if not equal(q.shape[1], k.shape[1]):
+        return "query and key lengths may differ (GQA's prompt case has no past)"
+    if q.dtype not in (DType.f32, DType.f16):
+        return "GroupQueryAttention runs float32 and float16"
+    if (q.shape[-1] // node.attrs["num_heads"]) % 16:
+        return "ORT's GroupQueryAttention CPU kernel needs a head size that is a multiple of 16"
+    for table in (cos, sin):
+        why = table is not None and _table_misfit(node, table)
+        if why:
+            return why
+    return None
+
+
+def _table_misfit(node: Node, table: Value) -> str | None:
+    q = node.inputs[0]
+    size = q.shape[-1] // node.attrs["num_heads"]
+    shape = table.shape
+    if table.type.rank < 2 or any(d != 1 for d in shape[:-2]):
+        return "the rotary table differs between batch rows or heads"
+    if not equal(shape[-2], q.shape[1]) or shape[-1] != size:
+        return "the rotary table is not [positions, head_size]"
+    if not equal_halves(table):
+        return "the rotary table's two halves are not provably equal (ORT caches one half)"
+    return None
+
+
+def equal_halves(value: Value, depth: int = 0) -> bool:
+    """True when the last dim of `value` is provably two equal halves: concat(a, a) on the last
+    dim, carried through ops that keep each last-dim row intact (elementwise math with operands
+    of equal halves or broadcast along that dim, views that keep the last dim last)."""
+    node = value.producer
+    if node is None or depth > _MAX_DEPTH or value.type.rank == 0:
+        return False
+    rank = value.type.rank
+    if node.op == "concat":
+        same = len(node.inputs) == 2 and node.inputs[0] is node.inputs[1]
+        return same and node.attrs["dim"] % rank == rank - 1
+    if node.op in _ROW_PRESERVING_VIEWS:
+        return _keeps_last_dim(node) and equal_halves(node.inputs[0], depth + 1)
+    if get_op(node.op).kind not in _ROW_PRESERVING_KINDS or len(node.outputs) != 1:
+        return False
+    halves = [v for v in node.inputs if v is not None and not _broadcast_last(v)]
+    return bool(halves) and all(equal_halves(v, depth + 1) for v in halves)
+
+
+def _broadcast_last(value: Value) -> bool:
+    return value.type.rank == 0 or value.shape[-1] == 1
+
+
+def _keeps_last_dim(node: Node) -> bool:
+    x, out = node.inputs[0], node.outputs[0]
+    if x.type.rank == 0 or out.type.rank == 0 or not equal(x.shape[-1], out.shape[-1]):
+        return False
+    if node.op == "permute":
+        return node.attrs["dims"][-1] % x.type.rank == x.type.rank - 1
+    if node.op in ("slice", "select"):
+        return node.attrs["dim"] % x.type.rank != x.type.rank - 1
+    return True
+
+
+def gqa(b: Builder, node: Node, x: list) -> list:
+    """com.microsoft.GroupQueryAttention for the prompt: causal, no past, maybe rotary."""
+    q, k, v, cos, sin, _ = x
+    query = node.inputs[0]
+    heads = node.attrs["num_heads"]
+    size = query.shape[-1] // heads
+    batch, seq = query.shape[0], query.shape[1]
+    total = b.memo(("gqa-total", seq), lambda: b.op1(
+        "Cast", [b.scalar_dim(seq)], to=ONNX_DTYPES[DType.i32]))
+    seqlens = b.memo(("gqa-seqlens", batch, seq), lambda: b.op1("Expand", [
+        b.op1("Cast", [b.dims([seq - 1])], to=ONNX_DTYPES[DType.i32]), b.dims([batch])]))
+    caches = [None, None]
+    if cos is not None:
+        caches = [_half_cache(b, name, seq, size) for name in (cos, sin)]
+    packed = _packed_source(b, node)
+    if packed is not None:  # q, k, v are consecutive slices of one projection: read it whole
+        q, k, v = packed, None, None
+    scale = node.attrs["scale"]
+    outs = b.op("GroupQueryAttention", [q, k, v, None, None, seqlens, total, *caches], 3,
+                domain=MS, unused=(1, 2), num_heads=heads,
+                kv_num_heads=node.attrs["kv_num_heads"],
+                scale=float(1.0 / math.sqrt(size) if scale is None else scale),
+                do_rotary=int(cos is not None), rotary_interleaved=0)
+    return [outs[0]]
+
+
+def _packed_source(b: Builder, node: Node) -> str | None:
+    """The ONNX name of the merged QKV projection when q, k and v are its [q | k | v] slices
+    along the last dim in that order, covering it exactly (GQA then takes it packed and no
+    Split runs); None otherwise."""
+    slices = [v.producer for v in node.inputs[:3]]
+    if any(s is None or s.op != "slice" for s in slices):
+        return None
+    source = slices[0].inputs[0]
+    if any(s.inputs[0] is not source for s in slices) or source.type.rank != 3:
+        return None
+    start = 0
+    for s in slices:
+        a = s.attrs
+        if a["dim"] % 3 != 2 or a["step"] != 1 or a["start"] != start:
+            return None
+        start = s.outputs[0].shape[-1] + start
+    if start != source.shape[-1]:
+        return None
+    return b.value_names.get(id(source))
+
+
+def _half_cache(b: Builder, table: str, seq, size: int) -> str:
+    """ORT's [positions, head_size / 2] cache: the first half of each row of the table."""
+    def make():
+        half = b.op1("Slice", [table, b.ints([0]), b.ints([size // 2]), b.ints([-1])])
+        return b.op1("Reshape", [half, b.dims([seq, size // 2])])
+    return b.memo(("rotary-half-cache", table), make)

@@ -1,0 +1,141 @@
+"""multi_head_attention on ONNX Runtime: GroupQueryAttention when it fits, the decomposition
+otherwise, and the equal-halves proof that lets the rotary tables become ORT's half cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from backends.onnxruntime.convert_heads import equal_halves
+from backends.onnxruntime.fused import ContribFallbackWarning
+from backends.onnxruntime.lower import lower_graph
+from backends.onnxruntime.probe import installed_kernels
+from backends.reference.interpreter import run_graph
+from compiler.ir import DType, Graph, parse_ir
+from tests.backends.onnxruntime_cases import CASES
+from tests.backends.onnxruntime_util import compile_graph, load
+
+GQA = "com.microsoft.GroupQueryAttention"
+
+
+def _graph(case: str) -> Graph:
+    g = Graph(case)
+    outputs = CASES[case].build(g)
+    g.outputs = outputs
+    return g
+
+
+def _inputs(g: Graph, seq: int, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    shapes = [[seq if not isinstance(d, int) else d for d in v.shape] for v in g.inputs]
+    return [rng.standard_normal(shape).astype(np.float32) if v.dtype == DType.f32
+            else rng.random(shape) > 0.3 for v, shape in zip(g.inputs, shapes)]
+
+
+@pytest.mark.parametrize("case, lowering", [
+    ("multi_head_attention_gqa", GQA),
+    ("multi_head_attention_plain_gqa", GQA),
+    ("multi_head_attention_size8", None),   # ORT's CPU kernel needs head sizes of 16k
+    ("multi_head_attention_masked", None),  # GQA is causal only
+])
+def test_lowering_choice_and_values(case, lowering, tmp_path):
+    g = _graph(case)
+    lowered = lower_graph(g, {})
+    assert lowered.variants().get(GQA, 0) == (1 if lowering else 0)
+    ops = {n.op_type for n in lowered.model.graph.node}
+    if lowering:  # the whole block is one kernel: no head transposes, no rotary ops
+        assert "Transpose" not in ops and "Neg" not in ops
+    path = compile_graph(g, tmp_path / "m.dz")
+    run = load(path)
+    for seq in (5, 12):
+        x = _inputs(g, seq)
+        want = run_graph(g, {}, x)[0].numpy()
+        np.testing.assert_allclose(run(x)[0], want, rtol=1e-5, atol=1e-5)
+
+
+def test_missing_gqa_kernel_falls_back_with_a_warning(tmp_path):
+    g = _graph("multi_head_attention_gqa")
+    kernels = installed_kernels().without([GQA])
+    with pytest.warns(ContribFallbackWarning, match="GroupQueryAttention"):
+        lowered = lower_graph(g, {}, kernels)
+    assert GQA not in lowered.variants()
+    ops = {n.op_type for n in lowered.model.graph.node}
+    assert "MultiHeadAttention" in ops and "GroupQueryAttention" not in ops  # the decomposition
+    with pytest.warns(ContribFallbackWarning, match="GroupQueryAttention"):
+        path = compile_graph(g, tmp_path / "m.dz", {"exclude_kernels": [GQA]})
+    x = _inputs(g, 6)
+    np.testing.assert_allclose(load(path)(x)[0], run_graph(g, {}, x)[0].numpy(), rtol=1e-5,
+                               atol=1e-5)
+
+
+HALVES = """
+graph halves {
+  symbol s0 in [1, 64]
+  input %f: f32[1, s0, 4]
+  input %g: f32[1, s0, 4]
+  input %w: f32[8]
+  %both: f32[1, s0, 8] = concat(%f, %f) {dim=-1}
+  %mixed: f32[1, s0, 8] = concat(%f, %g) {dim=-1}
+  %cos: f32[1, s0, 8] = cos(%both)
+  %one: f32[] = constant() {value=1.0, dtype=f32}
+  %scaled: f32[1, s0, 8] = mul(%cos, %one)
+  %table: f32[1, 1, s0, 8] = reshape(%scaled) {shape=[1, 1, s0, 8]}
+  %sum: f32[1, s0, 8] = add(%cos, %both)
+  %weighted: f32[1, s0, 8] = mul(%cos, %w)
+  %mixed_cos: f32[1, s0, 8] = cos(%mixed)
+  %rows: f32[2, s0, 4] = concat(%f, %f) {dim=0}
+  %moved: f32[1, 8, s0] = permute(%cos) {dims=[0, 2, 1]}
+  %last: f32[1, s0, 4] = slice(%cos) {dim=2, start=0, end=4, step=1}
+  return %table, %sum, %weighted, %mixed_cos, %rows, %moved, %last
+}
+"""
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("table", True),       # cos(concat(f, f)) * 1, reshaped: transformers' rotary table
+    ("sum", True),         # both operands have equal halves
+    ("weighted", False),   # a per-channel weight breaks the symmetry
+    ("mixed_cos", False),  # concat of two different tensors
+    ("rows", False),       # concatenated along another dim
+    ("moved", False),      # the last dim moved away
+    ("last", False),       # sliced along the last dim
+])
+def test_equal_halves_is_proved_or_refused(name, expected):
+    g = parse_ir(HALVES)
+    value = next(v for v in g.outputs if v.name == name)
+    assert equal_halves(value) is expected
+
+
+PACKED = """
+graph packed {
+  symbol s0 in [1, 64]
+  input %qkv: f32[2, s0, 128]
+  %q: f32[2, s0, 64] = slice(%qkv) {dim=-1, start=0, end=64, step=1}
+  %k: f32[2, s0, 32] = slice(%qkv) {dim=2, start=K, step=1}
+  %v: f32[2, s0, 32] = slice(%qkv) {dim=-1, start=V, step=1}
+  %out: f32[2, s0, 64] = multi_head_attention(%q, %k, %v, _, _, _) """ \
+    """{num_heads=4, kv_num_heads=2, is_causal=true}
+  return %out
+}
+"""
+
+
+@pytest.mark.parametrize("swap", [False, True])
+def test_packed_projection_is_read_whole(swap, tmp_path):
+    """q, k, v cut from one projection in [q | k | v] order: GQA takes the projection packed and
+    the slices are not run (inspect shows them lowered to nothing); k and v swapped: unpacked."""
+    k, v = ("64, end=96", "96, end=128")[::-1 if swap else 1]
+    g = parse_ir(PACKED.replace("start=K", f"start={k}").replace("start=V", f"start={v}"))
+    lowered = lower_graph(g, {})
+    (gqa,) = [n for n in lowered.model.graph.node if n.op_type == "GroupQueryAttention"]
+    ops = {n.op_type for n in lowered.model.graph.node}
+    if swap:
+        assert list(gqa.input[:3]) == ["q", "k", "v"] and "Slice" in ops
+    else:
+        assert gqa.input[0] == "qkv" and list(gqa.input[1:3]) == ["", ""]
+        assert "Slice" not in ops and "Split" not in ops
+        assert [entry["onnx"] for entry in lowered.nodes[:3]] == [[], [], []]
+    path = compile_graph(g, tmp_path / "m.dz")
+    x = _inputs(g, 7)
+    np.testing.assert_allclose(load(path)(x)[0], run_graph(g, {}, x)[0].numpy(), rtol=1e-5,
+                               atol=1e-5)
