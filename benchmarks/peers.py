@@ -215,8 +215,13 @@ def _diff(out, ref) -> float:
 # -- roofline -----------------------------------------------------------------------------------
 
 def matmul_flops(graph, shapes) -> int:
-    """FLOPs of the graph's matmul-class ops (linear, matmul, conv, attention) at these shapes."""
+    """FLOPs of the graph's matmul-class ops (linear, matmul, conv, attention) at these shapes,
+    fused ops counted through their decompositions."""
     import sympy
+
+    from passes import PassManager
+
+    graph = PassManager("decompose_fused{ops=fused}").run(graph)
 
     bindings = {}
     for value, shape in zip(graph.inputs, shapes):

@@ -67,6 +67,26 @@ def _concat(node: Node) -> Value | None:
     return node.inputs[0] if len(node.inputs) == 1 else None
 
 
+def _is_one(value: Value | None) -> bool:
+    node = value.producer if value is not None else None
+    if node is None or node.op != "constant" or node.output.type.rank != 0:
+        return False
+    number = node.attrs.get("value")
+    return not isinstance(number, bool) and number == 1
+
+
+def _times_one(node: Node) -> Value | None:
+    """x * 1 and x / 1 (a 0-d constant one, result of x's type): exact in every dtype, NaN
+    and -0.0 included. (x + 0 is not: -0.0 + 0.0 is +0.0.)"""
+    if node.op == "div" and node.attrs.get("rounding_mode") is not None:
+        return None
+    for i in ((0, 1) if node.op == "mul" else (0,)):
+        x, other = node.inputs[i], node.inputs[1 - i]
+        if _is_one(other) and same_type(x.type, node.output.type):
+            return x
+    return None
+
+
 RULES: dict[str, Rule] = {
     "reshape": _reshape,            # reshape to the same shape; reshape of a reshape
     "permute": _permute,            # identity permutation
@@ -74,6 +94,8 @@ RULES: dict[str, Rule] = {
     "cast": _identity_if_same_type,    # cast to the same dtype
     "slice": _slice,                # start=0, step=1, covering the whole dim
     "concat": _concat,              # concat of one input
+    "mul": _times_one,              # x * 1 (a rotary table scaled by attention_scaling = 1)
+    "div": _times_one,              # x / 1
 }
 
 # A chain of reroutes is bounded by the graph's depth; this only guards against a rule that
@@ -88,8 +110,9 @@ class RemoveNoops(Pass):
 
     Needs: a valid graph. Rules (table `RULES`): reshape to the same shape, identity permute,
     expand to the same shape, cast to the same dtype, slice with start 0 and step 1 covering the
-    whole dim, concat of one input are removed and their uses (graph outputs included) read the
-    operand instead; reshape(reshape(x)) becomes one reshape of x.
+    whole dim, concat of one input, multiplication or division by a 0-d constant 1 are removed
+    and their uses (graph outputs included) read the operand instead; reshape(reshape(x))
+    becomes one reshape of x.
     Guarantees: the graph computes the same values with the same types; a graph output that was
     a no-op result is rewired to the operand (so it may become an input or a weight); nodes left
     unused by a collapsed chain are removed, other pre-existing dead code is left to
@@ -99,7 +122,8 @@ class RemoveNoops(Pass):
     """
 
     name: ClassVar[str] = "remove_noops"
-    summary: ClassVar[str] = "remove identity reshapes/permutes/expands/casts/slices/concats"
+    summary: ClassVar[str] = ("remove identity reshapes/permutes/expands/casts/slices/concats "
+                              "and x*1, x/1")
 
     def run(self, graph: Graph) -> PassResult:
         replace: dict[int, Value] = {}

@@ -29,7 +29,13 @@ NOOPS = """
       %g: f32[2, 3] = slice(%y) {dim=1, start=0, end=6, step=2}
       %i: i64[2, 6] = cast(%y) {dtype=i64}
       %j: f32[4, 6] = concat(%y, %y) {dim=0}
-      return %o, %t, %h, %g, %i, %j
+      %one: f32[] = constant() {value=1.0, dtype=f32}
+      %two: f32[] = constant() {value=2.0, dtype=f32}
+      %m: f32[2, 6] = mul(%one, %y)
+      %d: f32[2, 6] = div(%m, %one)
+      %f: f32[2, 6] = div(%y, %one) {rounding_mode="floor"}
+      %w: f32[2, 6] = mul(%y, %two)
+      return %o, %t, %h, %g, %i, %j, %d, %f, %w
     }
 """
 
@@ -48,7 +54,11 @@ def test_every_rule_removes_its_noop_and_keeps_real_ops(run_pass):
           %g: f32[2, 3] = slice(%y) {dim=1, start=0, end=6, step=2}
           %i: i64[2, 6] = cast(%y) {dtype=i64}
           %j: f32[4, 6] = concat(%y, %y) {dim=0}
-          return %o, %t, %h, %g, %i, %j
+          %one: f32[] = constant() {value=1.0, dtype=f32}
+          %two: f32[] = constant() {value=2.0, dtype=f32}
+          %f: f32[2, 6] = div(%y, %one) {rounding_mode="floor"}
+          %w: f32[2, 6] = mul(%y, %two)
+          return %o, %t, %h, %g, %i, %j, %y, %f, %w
         }
         """)
     assert run_pass(print_ir(result.graph), "remove_noops").changed is False
@@ -57,7 +67,8 @@ def test_every_rule_removes_its_noop_and_keeps_real_ops(run_pass):
 def test_rules_are_a_table_over_real_ops():
     from compiler.ir import OPS
 
-    assert set(RULES) == {"reshape", "permute", "expand", "cast", "slice", "concat"}
+    assert set(RULES) == {"reshape", "permute", "expand", "cast", "slice", "concat", "mul",
+                          "div"}
     assert set(RULES) <= set(OPS)
 
 
