@@ -109,6 +109,8 @@ class TritonExecutable:
         return torch.empty(shape, dtype=dtype, device=self.device)
 
     def _launch(self, step: Step, env: dict, bindings: Mapping[str, int]) -> None:
+        import torch
+
         kernel = step.kernel
         domain = [symbolic.evaluate(d, bindings) for d in kernel.domain]
         ins = [env[name] for name in kernel.inputs]
@@ -120,6 +122,10 @@ class TritonExecutable:
             if kernel.unpermute:
                 shape = [shape[p] for p in kernel.perm]
             outs.append(self._alloc(name, shape))
+        # an output slot the memory plan laid over an input at another offset (the input died
+        # inside the fused group): programs would overwrite elements others have yet to read
+        targets = [torch.empty_like(o) if any(_clobbers(o, t, kernel.reduced) for t in ins)
+                   else o for o in outs]
         strides = [s for t in ins for s in t.expand(domain).stride()]
         total, rows = 1, 1
         for i, d in enumerate(domain):
@@ -134,7 +140,10 @@ class TritonExecutable:
                 block = min(_MAX_BLOCK, _next_pow2(total))
                 grid = (-(-total // block),)
             fn = getattr(self.module, kernel.name)
-            fn[grid](*ins, *outs, *domain, *strides, count, BLOCK=block)
+            fn[grid](*ins, *targets, *domain, *strides, count, BLOCK=block)
+        for out, target in zip(outs, targets):
+            if target is not out:
+                out.copy_(target)
         if kernel.unpermute:
             inverse = sorted(range(len(kernel.perm)), key=kernel.perm.__getitem__)
             outs = [t.permute(inverse) for t in outs]
@@ -194,6 +203,17 @@ class TritonExecutable:
                 slot.copy_(tensor)
                 tensor = slot
             env[value.name] = tensor
+
+
+def _clobbers(out: Any, inp: Any, reduced: int) -> bool:
+    """Whether writing `out` may overwrite elements of `inp` another program still reads.
+    Exactly in place (same address and layout) is safe for an elementwise kernel: each program
+    reads its elements before writing them; a row kernel writes fewer elements than it reads."""
+    if not _overlap(out, inp):
+        return False
+    same = (out.data_ptr() == inp.data_ptr() and out.shape == inp.shape
+            and out.stride() == inp.stride())
+    return reduced > 0 or not same
 
 
 def _overlap(a: Any, b: Any) -> bool:
