@@ -18,7 +18,8 @@ from .builder import ONNX_DTYPES, Builder, fill_value
 from .convert_elementwise import in_dtype
 
 
-def _mask_terms(b: Builder, node: Node, mask: str | None) -> tuple[str | None, str | None]:
+def mask_terms(b: Builder, node: Node, mask: str | None,
+               index: int = 3) -> tuple[str | None, str | None]:
     """The mask as an additive bias, and a 0/1 factor for rows that may attend to anything.
 
     torch returns zeros for a query row whose mask hides every key (its "safe softmax"); a plain
@@ -29,7 +30,7 @@ def _mask_terms(b: Builder, node: Node, mask: str | None) -> tuple[str | None, s
     if mask is None:
         return None, None
     dtype = in_dtype(node)
-    kind = node.inputs[3].type.dtype
+    kind = node.inputs[index].type.dtype
 
     def make():
         zero, ninf = b.const(0.0, dtype), b.const(-math.inf, dtype)
@@ -82,7 +83,7 @@ def sdpa(b: Builder, node: Node, x: list) -> list:
     perm = list(range(rank - 2)) + [rank - 1, rank - 2]
     scores = b.op1("MatMul", [q, b.op1("Transpose", [k], perm=perm)])
     scores = b.op1("Mul", [scores, b.const(_scale(node), dtype)])
-    bias, valid = _mask_terms(b, node, mask)
+    bias, valid = mask_terms(b, node, mask)
     for term in (bias, _causal(b, node) if node.attrs["is_causal"] else None):
         if term is not None:
             scores = b.op1("Add", [scores, term])
@@ -120,8 +121,10 @@ def mha(b: Builder, node: Node, x: list) -> list:
     k, v = _repeat_heads(b, node, 1, k), _repeat_heads(b, node, 2, v)
     bsnh = b.op1("Transpose", [q], perm=[0, 2, 1, 3])
     query = b.op1("Reshape", [bsnh, b.dims([batch, seq, heads * size])])
-    bias, valid = _mask_terms(b, node, mask)
-    bias = _attention_bias(b, node, bias)
+    bias, valid = mask_terms(b, node, mask)
+    if bias is not None:
+        bias = attention_bias(b, node.inputs[3].type, q_t.shape[2],
+                              node.inputs[1].type.shape[2], bias)
     out = b.op1("MultiHeadAttention", [query, k, v, None, None, bias], domain="com.microsoft",
                 num_heads=int(heads), scale=_scale(node),
                 unidirectional=int(bool(node.attrs["is_causal"])))
@@ -130,16 +133,13 @@ def mha(b: Builder, node: Node, x: list) -> list:
     return [out if valid is None else b.op1("Mul", [out, valid])]
 
 
-def _attention_bias(b: Builder, node: Node, bias: str | None) -> str | None:
-    """The mask as MHA's attention_bias: [B or 1, N or 1, S, L], S and L never broadcast."""
-    if bias is None:
-        return None
-    m = node.inputs[3].type
-    q, k = node.inputs[0].type, node.inputs[1].type
+def attention_bias(b: Builder, m, q_len, k_len, bias: str) -> str:
+    """The mask (of type `m`) as MHA's attention_bias: [B or 1, N or 1, S, L], S and L never
+    broadcast."""
     if m.rank < 4:
         bias = b.op1("Unsqueeze", [bias, b.ints(list(range(4 - m.rank)))])
     full = [1] * (4 - m.rank) + list(m.shape)
-    target = [full[0], full[1], q.shape[2], k.shape[2]]
+    target = [full[0], full[1], q_len, k_len]
     if any(isinstance(d, int) and d == 1 for d in full[2:]):
         bias = b.op1("Expand", [bias, b.dims(target)])
     return bias

@@ -12,7 +12,9 @@ with rotary, when ORT's half-width cos/sin cache can be cut from the graph's tab
 position shared by every batch and head, whose two halves are provably equal (transformers build
 them as cos(concat(freqs, freqs))). The kernel reads cache row i for token i, and row i of the
 graph's own table is what token i was rotated with, so positions need not be 0..S-1.
-Anything else lowers through the op's decomposition.
+Otherwise, without rotary, MultiHeadAttention takes the same [b, s, h * d] projections (KV heads
+repeated in that layout when fewer), with any mask as its attention_bias: the encoders' case
+(BERT's padding mask, ViT). Anything else lowers through the op's decomposition.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from compiler.ir import DType, Node, Value, get_op
 from compiler.ir.symbolic import equal
 
 from .builder import ONNX_DTYPES, Builder
+from .convert_attention import attention_bias, mask_terms
 
 MS = "com.microsoft"
 _MAX_DEPTH = 32
@@ -150,3 +153,55 @@ def _half_cache(b: Builder, table: str, seq, size: int) -> str:
         half = b.op1("Slice", [table, b.ints([0]), b.ints([size // 2]), b.ints([-1])])
         return b.op1("Reshape", [half, b.dims([seq, size // 2])])
     return b.memo(("rotary-half-cache", table), make)
+
+
+def mha_fits(node: Node) -> str | None:
+    """None when MultiHeadAttention on [b, s, h * d] computes this node exactly, else why not."""
+    q, k, _, cos, _, mask = node.inputs
+    if cos is not None:
+        return "rotary runs inside GroupQueryAttention only"
+    if q.dtype != DType.f32:
+        return "MultiHeadAttention's CPU kernel is float32 only"
+    if node.attrs["is_causal"] and (mask is not None or not equal(q.shape[1], k.shape[1])):
+        return "is_causal with a mask, or with lengths that may differ"
+    if mask is not None:
+        if mask.type.rank > 4 or not (mask.dtype.is_float or mask.dtype == DType.bool):
+            return "the mask is not a bool or float mask of rank <= 4"
+        if mask.type.rank >= 3 and mask.shape[-3] != 1:
+            return "the mask differs between heads"
+    return None
+
+
+def mha(b: Builder, node: Node, x: list) -> list:
+    """com.microsoft.MultiHeadAttention with q, k, v as [b, s, h * d], no transposes."""
+    q, k, v, _, _, mask = x
+    query, key = node.inputs[0], node.inputs[1]
+    heads = node.attrs["num_heads"]
+    size = query.shape[-1] // heads
+    k, v = (_repeat_heads(b, node, name, i) for i, name in ((1, k), (2, v)))
+    bias, valid = mask_terms(b, node, mask, index=5)
+    if bias is not None:
+        bias = attention_bias(b, node.inputs[5].type, query.shape[1], key.shape[1], bias)
+    scale = node.attrs["scale"]
+    out = b.op1("MultiHeadAttention", [q, k, v, None, None, bias], domain=MS, num_heads=heads,
+                scale=float(1.0 / math.sqrt(size) if scale is None else scale),
+                unidirectional=int(bool(node.attrs["is_causal"])))
+    if valid is None:
+        return [out]
+    rank = node.inputs[5].type.rank  # valid is the mask's shape with the key axis 1
+    if rank < 4:
+        valid = b.op1("Unsqueeze", [valid, b.ints(list(range(4 - rank)))])
+    return [b.op1("Mul", [out, b.op1("Squeeze", [valid, b.ints([1])])])]
+
+
+def _repeat_heads(b: Builder, node: Node, name: str, index: int) -> str:
+    """k or v [b, l, hkv * d] with each KV head repeated for its group of query heads."""
+    heads, kv_heads = node.attrs["num_heads"], node.attrs["kv_num_heads"]
+    if heads == kv_heads:
+        return name
+    value = node.inputs[index]
+    batch, length, width = value.shape
+    size, rep = width // kv_heads, heads // kv_heads
+    split = b.op1("Reshape", [name, b.dims([batch, length, kv_heads, 1, size])])
+    wide = b.op1("Expand", [split, b.dims([batch, length, kv_heads, rep, size])])
+    return b.op1("Reshape", [wide, b.dims([batch, length, heads * size])])

@@ -25,11 +25,11 @@ from dataclasses import dataclass
 
 from compiler.ir import DType, Node
 
+from . import convert_heads as heads
 from .builder import Builder
 from .convert_attention import mha, mha_fits
 from .convert_elementwise import Converter, in_dtype
 from .convert_fused import add_layer_norm, add_rms_norm, skip_norm_fits
-from .convert_heads import gqa, gqa_fits
 from .convert_nn import linear_fused_matmul
 from .probe import Kernel, KernelSet
 
@@ -106,7 +106,9 @@ VARIANTS: dict[str, tuple[Variant, ...]] = {
     ),
     "multi_head_attention": (
         Variant("com.microsoft.GroupQueryAttention", (Kernel(MS, "GroupQueryAttention"),),
-                gqa_fits, gqa),
+                heads.gqa_fits, heads.gqa),
+        Variant("com.microsoft.MultiHeadAttention", (Kernel(MS, "MultiHeadAttention"),),
+                heads.mha_fits, heads.mha),
     ),
 }
 

@@ -236,7 +236,8 @@ def _rotary(g):
     return [op(g, "rotary_embedding", [x, cos, sin]).output]
 
 
-def _multi_head(rotary: bool, causal: bool, size: int = 16):
+def _multi_head(rotary: bool, causal: bool, size: int = 16,
+                mask_type: TensorType | None = None):
     """Attention on [b, s, h*d] projections: 4 query heads, 2 KV heads of `size`. The rotary
     tables are cos/sin of concat(f, f) (equal halves), so the causal form with a head size that
     is a multiple of 16 fits GroupQueryAttention; the others run the decomposition."""
@@ -248,7 +249,7 @@ def _multi_head(rotary: bool, causal: bool, size: int = 16):
             f = g.add_input("f", t(F, 1, 1, S, size // 2))
             both = op(g, "concat", [f, f], dim=-1).output
             tables = [op(g, "cos", [both]).output, op(g, "sin", [both]).output]
-        mask = None if causal else g.add_input("m", t(B, 1, 1, S, S))
+        mask = None if causal else g.add_input("m", mask_type or t(B, 1, 1, S, S))
         return [op(g, "multi_head_attention", [q, k, v, *tables, mask], num_heads=4,
                    kv_num_heads=2, is_causal=causal).output]
     return build
@@ -429,6 +430,10 @@ CASES: dict[str, Case] = {
                                        {"f": (-3, 3)}),
     "multi_head_attention_masked": Case(_multi_head(rotary=True, causal=False),
                                         {"f": (-3, 3)}),
+    "multi_head_attention_bool_mask": Case(_multi_head(rotary=False, causal=False)),
+    "multi_head_attention_padding": Case(_multi_head(rotary=False, causal=False,
+                                                     mask_type=t(F, 2, 1, 1, S)),
+                                         {"m": (-2, 2)}),
     "fused_linear_gelu": Case(_fused_linear("out_in", "gelu")),
     "fused_linear_in_out_silu": Case(_fused_linear("in_out", "silu")),
     "gated_mlp": Case(_gated_mlp),

@@ -16,6 +16,7 @@ from tests.backends.onnxruntime_cases import CASES
 from tests.backends.onnxruntime_util import compile_graph, load
 
 GQA = "com.microsoft.GroupQueryAttention"
+MHA = "com.microsoft.MultiHeadAttention"
 
 
 def _graph(case: str) -> Graph:
@@ -36,12 +37,14 @@ def _inputs(g: Graph, seq: int, seed: int = 0) -> list[np.ndarray]:
     ("multi_head_attention_gqa", GQA),
     ("multi_head_attention_plain_gqa", GQA),
     ("multi_head_attention_size8", None),   # ORT's CPU kernel needs head sizes of 16k
-    ("multi_head_attention_masked", None),  # GQA is causal only
+    ("multi_head_attention_masked", None),  # GQA is causal only, MHA has no rotary
+    ("multi_head_attention_bool_mask", MHA),  # KV heads repeated in [b, s, h*d]
+    ("multi_head_attention_padding", MHA),    # BERT's additive padding mask
 ])
 def test_lowering_choice_and_values(case, lowering, tmp_path):
     g = _graph(case)
     lowered = lower_graph(g, {})
-    assert lowered.variants().get(GQA, 0) == (1 if lowering else 0)
+    assert lowered.variants() == ({lowering: 1} if lowering else {})
     ops = {n.op_type for n in lowered.model.graph.node}
     if lowering:  # the whole block is one kernel: no head transposes, no rotary ops
         assert "Transpose" not in ops and "Neg" not in ops
