@@ -52,6 +52,9 @@ class Builder:
         # converter may read a value its node does not take (a fused kernel that consumes the
         # tensor its inputs were sliced from)
         self.value_names: dict[int, str] = {}
+        # what the graph knows beyond its nodes, for converters that compute at compile time
+        self.symbol_ranges: Mapping[str, tuple[int, int | None]] = {}
+        self.weight_data: Mapping[str, Any] = {}
 
     # -- names ---------------------------------------------------------------------------------
     def fresh(self, hint: str = "t") -> str:

@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from compiler.ir import DType, Node, Value, get_op
 from compiler.ir.symbolic import equal
 
 from .builder import ONNX_DTYPES, Builder
 from .convert_attention import attention_bias, mask_terms
+from .position_tables import precomputed_table
 
 MS = "com.microsoft"
 _MAX_DEPTH = 32
@@ -113,7 +116,8 @@ def gqa(b: Builder, node: Node, x: list) -> list:
         b.op1("Cast", [b.dims([seq - 1])], to=ONNX_DTYPES[DType.i32]), b.dims([batch])]))
     caches = [None, None]
     if cos is not None:
-        caches = [_half_cache(b, name, seq, size) for name in (cos, sin)]
+        caches = [_half_cache(b, table, name, seq, size)
+                  for table, name in ((node.inputs[3], cos), (node.inputs[4], sin))]
     packed = _packed_source(b, node)
     if packed is not None:  # q, k, v are consecutive slices of one projection: read it whole
         q, k, v = packed, None, None
@@ -147,8 +151,16 @@ def _packed_source(b: Builder, node: Node) -> str | None:
     return b.value_names.get(id(source))
 
 
-def _half_cache(b: Builder, table: str, seq, size: int) -> str:
-    """ORT's [positions, head_size / 2] cache: the first half of each row of the table."""
+def _half_cache(b: Builder, value: Value, table: str, seq, size: int) -> str:
+    """ORT's [positions, head_size / 2] cache: the first half of each row of the table; a
+    constant computed at the longest sequence when the table provably allows it (GQA reads
+    rows by position, so extra rows are never read), else cut from the table per call."""
+    rows = precomputed_table(value, b.symbol_ranges, b.weight_data)
+    if rows is not None:
+        rows = rows.reshape(-1, size)
+        if np.array_equal(rows[:, :size // 2], rows[:, size // 2:]):
+            return b.const(np.ascontiguousarray(rows[:, :size // 2]), value.dtype)
+
     def make():
         half = b.op1("Slice", [table, b.ints([0]), b.ints([size // 2]), b.ints([-1])])
         return b.op1("Reshape", [half, b.dims([seq, size // 2])])

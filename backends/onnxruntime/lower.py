@@ -65,6 +65,7 @@ def lower_graph(graph: Graph, weights: Mapping[str, WeightLocation],
     reserved = [v.name for v in graph.inputs] + list(graph.weights)
     b = Builder(symbol_sources([(v.name, v.type.shape) for v in graph.inputs]), kernels,
                 reserved)
+    b.symbol_ranges, b.weight_data = graph.symbols, graph.weight_data
     env = b.value_names
     env.update({id(v): _narrow_input(b, v) for v in graph.inputs})
     env.update({id(v): name for name, v in graph.weights.items()})
