@@ -69,7 +69,7 @@ def lower_and_write(graph: Graph, out: Path, target, cfg: CompileConfig, *,
     from runtime.artifact import write_artifact
 
     pipeline = parse_pipeline(passes or _default_pipeline(cfg, target, DEFAULT_PIPELINE))
-    pipeline = _with_precision(pipeline, cfg)
+    pipeline = _with_quantization(_with_precision(pipeline, cfg), cfg)
     manager = PassManager(pipeline, dump_dir=dump_ir, log=log.line)
     before = op_counts(graph)  # passes change the graph in place
     with log.stage("passes", format_pipeline(pipeline)):
@@ -189,9 +189,23 @@ def _with_precision(pipeline: list, cfg: CompileConfig) -> list:
     return [get_pass("precision")(weight_dtype=weight, activation_dtype=activation), *pipeline]
 
 
+def _with_quantization(pipeline: list, cfg: CompileConfig) -> list:
+    """The `quantize:` config as a `quantize_weights` pass at the head of the pipeline, before
+    fusion takes the linears into fused ops (unless the pipeline has one already)."""
+    from passes import get_pass
+
+    kind = cfg.quantize.get("weights")
+    if kind is None or any(p.name == "quantize_weights" for p in pipeline):
+        return pipeline
+    bits = {"int4": 4, "int8": 8}[kind]
+    return [get_pass("quantize_weights")(bits=bits, group_size=cfg.quantize["group_size"]),
+            *pipeline]
+
+
 # precision values the precision pass implements (fp8 is a quantization format: not yet)
 _IMPLEMENTED = {("precision", "weight_dtype"): ("fp32", "bf16", "fp16"),
-                ("precision", "activation_dtype"): ("fp32", "bf16", "fp16")}
+                ("precision", "activation_dtype"): ("fp32", "bf16", "fp16"),
+                ("quantize", "weights"): ("int4", "int8")}
 
 
 def _refuse_unimplemented(cfg: CompileConfig) -> None:

@@ -14,6 +14,7 @@ from . import (  # noqa: F401  (imported to register the built-in passes)
     parallel,
     plan_memory,
     precision,
+    quantize_weights,
     recognize_causal_masks,
     remove_noops,
     schedule_memory,

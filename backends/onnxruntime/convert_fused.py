@@ -67,6 +67,16 @@ def add_layer_norm(b: Builder, node: Node, x: list) -> list:
     return [outs[0], outs[3]]
 
 
+def matmul_nbits(b: Builder, node: Node, x: list) -> list:
+    """com.microsoft.MatMulNBits on the stored codes and scales (the IR op keeps its layout);
+    the zero point is its default, 2^(bits-1): symmetric quantization."""
+    a = node.attrs
+    n = node.inputs[1].type.shape[0]
+    out = b.op1("MatMulNBits", [x[0], x[1], x[2]], domain="com.microsoft", K=int(a["in_features"]),
+                N=int(n), bits=int(a["bits"]), block_size=int(a["group_size"]))
+    return [out if x[3] is None else b.op1("Add", [out, x[3]])]
+
+
 def identity(b: Builder, node: Node, x: list) -> list:
     return [b.op1("Identity", [x[0]])]
 

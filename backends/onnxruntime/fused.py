@@ -10,7 +10,7 @@ the final fallback and always works.
 Listed: linear (FusedMatMul, no reshapes), gelu (Gelu / FastGelu), silu (QuickGelu), the residual
 norms (SkipSimplifiedLayerNormalization / SkipLayerNormalization), attention
 (MultiHeadAttention) and the whole attention block with rotary (GroupQueryAttention, see
-convert_heads). Not listed, and why:
+convert_heads), and int4/int8 weights (MatMulNBits). Not listed, and why:
 - rms_norm: ORT's SimplifiedLayerNormalization kernel lives in the ONNX domain without being an
   ONNX op, so the checker rejects it; the standard form is emitted in the exact pattern ORT's
   optimizer fuses into that kernel at load time (see convert_nn.rms_norm).
@@ -29,7 +29,7 @@ from . import convert_heads as heads
 from .builder import Builder
 from .convert_attention import mha, mha_fits
 from .convert_elementwise import Converter, in_dtype
-from .convert_fused import add_layer_norm, add_rms_norm, skip_norm_fits
+from .convert_fused import add_layer_norm, add_rms_norm, matmul_nbits, skip_norm_fits
 from .convert_nn import linear_fused_matmul
 from .probe import Kernel, KernelSet
 
@@ -103,6 +103,10 @@ VARIANTS: dict[str, tuple[Variant, ...]] = {
     "scaled_dot_product_attention": (
         Variant("com.microsoft.MultiHeadAttention", (Kernel(MS, "MultiHeadAttention"),),
                 _mha_fits, mha),
+    ),
+    "quantized_linear": (
+        Variant("com.microsoft.MatMulNBits", (Kernel(MS, "MatMulNBits"),), _float32,
+                matmul_nbits),
     ),
     "multi_head_attention": (
         Variant("com.microsoft.GroupQueryAttention", (Kernel(MS, "GroupQueryAttention"),),

@@ -255,6 +255,20 @@ def _multi_head(rotary: bool, causal: bool, size: int = 16,
     return build
 
 
+def _quantized_linear(bits: int, bias: bool):
+    """int4 / int8 weights in MatMulNBits' layout, from quantize_weights' own quantizer."""
+    def build(g):
+        from passes.quantize_weights import quantize
+
+        x = g.add_input("x", t(F, 2, S, 64))
+        w, b = rng_arrays(11, (5, 64), (5,))
+        codes, scales = (a.numpy() for a in quantize(w, bits, 32))
+        return [op(g, "quantized_linear", [x, weight(g, "q", codes), weight(g, "s", scales),
+                                           weight(g, "b", b) if bias else None],
+                   bits=bits, group_size=32, in_features=64).output]
+    return build
+
+
 def _fused_linear(layout, activation):
     def build(g):
         x = g.add_input("x", t(F, 2, S, 6))
@@ -437,6 +451,8 @@ CASES: dict[str, Case] = {
     "fused_linear_gelu": Case(_fused_linear("out_in", "gelu")),
     "fused_linear_in_out_silu": Case(_fused_linear("in_out", "silu")),
     "gated_mlp": Case(_gated_mlp),
+    "quantized_linear_int4": Case(_quantized_linear(4, bias=True)),
+    "quantized_linear_int8": Case(_quantized_linear(8, bias=False)),
     "add_rms_norm": Case(_add_norm("add_rms_norm")),
     "add_layer_norm": Case(_add_norm("add_layer_norm")),
     "one_rank_collectives": Case(_one_rank_collectives),

@@ -74,6 +74,8 @@ OP_EXAMPLES = {
     "multi_head_attention": (
         [f32(1, S0, 32), f32(1, S0, 16), f32(1, S0, 16), f32(1, 1, S0, 8), f32(1, 1, S0, 8),
          None], {"num_heads": 4, "kv_num_heads": 2, "is_causal": True}),
+    "quantized_linear": ([f32(S0, 64), W(TensorType(DType.u8, (4, 2, 16))), W(f32(8)), None],
+                         {"bits": 4, "group_size": 32, "in_features": 64}),
     "sum": ([f32(S0, 4)], {"dims": [1], "keepdim": True}),
     "mean": ([f32(S0, 4)], {"dims": [-1]}),
     "var": ([f32(S0, 4)], {"dims": [0], "correction": 0}),

@@ -1,0 +1,69 @@
+"""quantized_linear: a linear layer whose weight is stored as blockwise int4/int8 codes.
+
+The layout is ONNX Runtime's MatMulNBits layout, so the onnxruntime backend hands the stored
+tensors to that kernel as they are: `qweight` u8 [N, K / group_size, group_size * bits / 8]
+(for 4 bits, two codes per byte, the first in the low nibble), `scales` f32
+[N * K / group_size]; symmetric quantization, the zero point is 2^(bits-1). The weight it
+stands for is `(code - 2^(bits-1)) * scale` per block of `group_size` input features.
+
+Its meaning is its decomposition: unpack the codes, dequantize, `linear`; every backend without
+a kernel for it runs that (the reference backend included), so the quantized model is checked
+against exactly the dequantized weights.
+"""
+
+from __future__ import annotations
+
+from ..dtypes import DType
+from ..symbolic import equal
+from . import shape_rules as rules
+from .fused import Emitter, _reference, decomposes
+from .registry import REQUIRED, ShapeError, define
+
+BITS = (4, 8)
+
+
+def _rule(types, attrs):
+    x, qweight, scales, bias = types
+    bits, group, k = attrs["bits"], attrs["group_size"], attrs["in_features"]
+    if bits not in BITS or not isinstance(group, int) or group <= 0 or k % group:
+        raise ShapeError(f"quantized_linear: bits {bits} must be one of {BITS} and group_size "
+                         f"{group} must divide in_features {k}")
+    if qweight.dtype != DType.u8 or qweight.rank != 3:
+        raise ShapeError(f"quantized_linear: qweight {qweight} must be u8[N, blocks, bytes]")
+    n, blocks, size = qweight.shape
+    if blocks != k // group or size != group * bits // 8:
+        raise ShapeError(f"quantized_linear: qweight {qweight} does not hold {k} inputs in "
+                         f"groups of {group} at {bits} bits")
+    if scales.rank != 1 or scales.shape[0] != n * blocks or not scales.dtype.is_float:
+        raise ShapeError(f"quantized_linear: scales {scales} must be a float [{n * blocks}]")
+    if not x.dtype.is_float or x.rank < 1 or not equal(x.shape[-1], k):
+        raise ShapeError(f"quantized_linear: x {x} must be float with {k} features")
+    if bias is not None and (bias.rank != 1 or bias.shape[0] != n):
+        raise ShapeError(f"quantized_linear: bias {bias} must be [{n}]")
+    rules.same_dtype([x, scales] + ([bias] if bias is not None else []), "quantized_linear")
+    return [x.with_shape(x.shape[:-1] + (n,))]
+
+
+define("quantized_linear", "x qweight scales bias?", _rule, _reference("quantized_linear"),
+       "fused", "x @ dequantize(qweight, scales)^T + bias: blockwise symmetric int4/int8 weights "
+       "in ONNX Runtime's MatMulNBits layout", bits=REQUIRED, group_size=REQUIRED,
+       in_features=REQUIRED)
+
+
+@decomposes("quantized_linear")
+def _quantized_linear(e: Emitter, inputs, attrs):
+    x, qweight, scales, bias = inputs
+    bits, group, k = attrs["bits"], attrs["group_size"], attrs["in_features"]
+    n, blocks, size = qweight.shape
+    codes = qweight
+    if bits == 4:  # two codes per byte, the first in the low nibble
+        sixteen = e.const(16, DType.u8)
+        low = e.op("reshape", e.op("remainder", qweight, sixteen), shape=[n, blocks, size, 1])
+        high = e.op("reshape", e.op("div", qweight, sixteen, rounding_mode="floor"),
+                    shape=[n, blocks, size, 1])
+        codes = e.op("reshape", e.op("concat", low, high, dim=-1), shape=[n, blocks, group])
+    centered = e.op("sub", e.op("cast", codes, dtype=x.dtype),
+                    e.const(float(2 ** (bits - 1)), x.dtype))
+    blockwise = e.op("mul", centered, e.op("reshape", scales, shape=[n, blocks, 1]))
+    weight = e.op("reshape", blockwise, shape=[n, k])
+    return [e.op("linear", x, weight, bias)]
