@@ -84,7 +84,7 @@ class RankExecutor:
 
 def _communicate(node, env: dict[int, Any], bindings: dict[str, int]):
     args = [to_torch(env[id(v)]) for v in node.inputs]
-    attrs = {k: _resolve(v, bindings) for k, v in node.attrs.items()}
+    attrs = {k: symbolic.resolve(v, bindings) for k, v in node.attrs.items()}
     try:
         return get_op(node.op).reference(*args, **attrs)
     except RankFailure as exc:  # say which node of the program was waiting
@@ -111,9 +111,3 @@ def to_torch(x: Any):
     return torch.from_numpy(x)
 
 
-def _resolve(attr, bindings):
-    if isinstance(attr, (list, tuple)):
-        return [_resolve(a, bindings) for a in attr]
-    if hasattr(attr, "free_symbols"):
-        return symbolic.evaluate(attr, bindings)
-    return attr

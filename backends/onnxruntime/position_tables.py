@@ -22,7 +22,7 @@ import sympy
 
 from compiler.ir import Node, Value, get_op
 from compiler.ir.ops.registry import META_ATTRS
-from compiler.ir.symbolic import evaluate
+from compiler.ir.symbolic import resolve
 
 _INVALID = object()  # the value's dependence on the symbol is not positional
 _MAX_NODES = 64
@@ -215,15 +215,9 @@ def _evaluate(nodes: list[Node], value: Value, bindings: Mapping[str, int],
 
     for node in nodes:
         args = [None if v is None else tensor(v) for v in node.inputs]
-        attrs = {k: _resolve(a, bindings) for k, a in node.attrs.items() if k not in META_ATTRS}
+        attrs = {k: resolve(a, bindings) for k, a in node.attrs.items() if k not in META_ATTRS}
         result = get_op(node.op).reference(*args, **attrs)
         env[id(node.outputs[0])] = result
     return env[id(value)].detach().cpu().numpy()
 
 
-def _resolve(attr: Any, bindings: Mapping[str, int]) -> Any:
-    if isinstance(attr, sympy.Basic):
-        return evaluate(attr, bindings)
-    if isinstance(attr, (list, tuple)):
-        return [_resolve(a, bindings) for a in attr]
-    return attr

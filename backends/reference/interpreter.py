@@ -13,7 +13,8 @@ import sympy
 import torch
 
 from compiler.errors import InputError
-from compiler.ir import Graph, Node, get_op, symbolic
+from compiler.ir import Graph, Node, get_op
+from compiler.ir.symbolic import resolve
 
 
 def bind_symbols(graph: Graph, shapes: Sequence[Sequence[int]]) -> dict[str, int]:
@@ -24,15 +25,6 @@ def bind_symbols(graph: Graph, shapes: Sequence[Sequence[int]]) -> dict[str, int
             if isinstance(dim, sympy.Symbol):
                 bindings.setdefault(dim.name, int(size))
     return bindings
-
-
-def resolve(attr: Any, bindings: Mapping[str, int]) -> Any:
-    """An attribute with every size expression replaced by its value."""
-    if isinstance(attr, sympy.Basic):
-        return symbolic.evaluate(attr, bindings)
-    if isinstance(attr, (list, tuple)):
-        return [resolve(a, bindings) for a in attr]
-    return attr
 
 
 def run_graph(graph: Graph, weights: Mapping[str, Any],

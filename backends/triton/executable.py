@@ -185,7 +185,8 @@ class TritonExecutable:
     def _host(self, step: Step, env: dict, bindings: Mapping[str, int]) -> None:
         node = step.node
         args = [None if v is None else env[v.name] for v in node.inputs]
-        attrs = {k: _resolve(v, bindings) for k, v in node.attrs.items() if k not in META_ATTRS}
+        attrs = {k: symbolic.resolve(v, bindings) for k, v in node.attrs.items()
+                 if k not in META_ATTRS}
         if node.op == "scaled_dot_product_attention":
             from .attention import attention, supported
 
@@ -240,11 +241,3 @@ def _bind(graph: Graph, env: Mapping[str, Any]) -> dict[str, int]:
     return bindings
 
 
-def _resolve(attr: Any, bindings: Mapping[str, int]) -> Any:
-    import sympy
-
-    if isinstance(attr, sympy.Basic):
-        return symbolic.evaluate(attr, bindings)
-    if isinstance(attr, (list, tuple)):
-        return [_resolve(a, bindings) for a in attr]
-    return attr

@@ -66,6 +66,16 @@ def evaluate(dim: Dim, bindings: Mapping[str, int]) -> int:
     return int(value)
 
 
+def resolve(attr, bindings: Mapping[str, int]):
+    """An attribute with every size expression in it (nested lists too) replaced by its value:
+    what an op's reference receives once the symbols are bound."""
+    if isinstance(attr, sympy.Basic):
+        return evaluate(attr, bindings)
+    if isinstance(attr, (list, tuple)):
+        return [resolve(a, bindings) for a in attr]
+    return attr
+
+
 def upper_bound(dim: Dim, ranges: Mapping[str, tuple[int, int | None]]) -> int | None:
     """Largest value of a dim given symbol ranges (None if unbounded); sizes grow with symbols."""
     dim = normalize(dim)
