@@ -63,7 +63,7 @@ class QuantizeWeights(Pass):
     def _replace(self, graph: Graph, node: Node) -> None:
         w = node.inputs[1]
         codes, scales = quantize(_tensor(graph, w.name), self.bits, self.group_size)
-        n, k = (int(d) for d in w.shape)
+        k = int(w.shape[1])
         qname, sname = _fresh(graph, f"{w.name}.q{self.bits}"), _fresh(graph, f"{w.name}.scales")
         qweight = graph.add_weight(qname, TensorType(DType.u8, tuple(codes.shape)), codes)
         scale = graph.add_weight(sname, TensorType(w.dtype, (scales.numel(),)), scales)
@@ -73,7 +73,6 @@ class QuantizeWeights(Pass):
         graph.replace_uses(node.output, new.output)
         graph.remove_nodes([node])
         new.output.name = node.output.name  # the value it replaces is gone: dumps read the same
-        assert new.output.shape[-1] == n
 
 
 def quantize(weight: Any, bits: int, group_size: int) -> tuple[Any, Any]:
