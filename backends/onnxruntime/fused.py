@@ -125,7 +125,9 @@ def choose(node: Node, kernels: KernelSet) -> Variant | None:
         missing = [str(k) for k in variant.requires if not kernels.has(k)]
         if not missing:
             return variant
-        warnings.warn(f"onnxruntime has no {', '.join(missing)} kernel; lowering {node.op} "
-                      "with standard ONNX ops instead (slower, same results)",
+        why = ("is excluded (exclude_kernels)" if set(missing) <= kernels.excluded
+               else "kernel is missing from this onnxruntime")
+        warnings.warn(f"{', '.join(missing)} {why}; lowering {node.op} with the next variant "
+                      "or standard ONNX ops instead (slower, same results)",
                       ContribFallbackWarning, stacklevel=2)
     return None

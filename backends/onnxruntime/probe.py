@@ -28,8 +28,10 @@ class Kernel:
 class KernelSet:
     """Kernels available for lowering; `without` simulates a build that lacks some of them."""
 
-    def __init__(self, kernels: Iterable[tuple[str, str, str]]):
+    def __init__(self, kernels: Iterable[tuple[str, str, str]],
+                 excluded: Iterable[str] = ()):
         self._kernels = frozenset(kernels)
+        self.excluded = frozenset(excluded)  # names left out on request (`exclude_kernels`)
 
     def has(self, kernel: Kernel) -> bool:
         return (kernel.domain, kernel.op_type, kernel.dtype) in self._kernels
@@ -42,8 +44,9 @@ class KernelSet:
     def without(self, names: Iterable[str]) -> KernelSet:
         """This set minus every kernel whose "domain.op" (or plain op) name is in `names`."""
         names = set(names)
-        return KernelSet(k for k in self._kernels
-                         if (f"{k[0]}.{k[1]}" if k[0] else k[1]) not in names)
+        return KernelSet((k for k in self._kernels
+                          if (f"{k[0]}.{k[1]}" if k[0] else k[1]) not in names),
+                         self.excluded | names)
 
     def __len__(self) -> int:
         return len(self._kernels)

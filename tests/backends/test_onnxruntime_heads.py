@@ -142,3 +142,15 @@ def test_packed_projection_is_read_whole(swap, tmp_path):
     x = _inputs(g, 7)
     np.testing.assert_allclose(load(path)(x)[0], run_graph(g, {}, x)[0].numpy(), rtol=1e-5,
                                atol=1e-5)
+
+
+def test_warning_says_whether_a_kernel_was_excluded_or_is_missing():
+    from backends.onnxruntime.probe import KernelSet
+
+    g = _graph("multi_head_attention_gqa")
+    installed = installed_kernels()
+    with pytest.warns(ContribFallbackWarning, match="GroupQueryAttention is excluded"):
+        lower_graph(g, {}, installed.without([GQA]))
+    build = KernelSet(k for k in installed._kernels if k[1] != "GroupQueryAttention")
+    with pytest.warns(ContribFallbackWarning, match="kernel is missing from this onnxruntime"):
+        lower_graph(g, {}, build)
