@@ -15,7 +15,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from ..config import options_from_assignments
 from ..errors import DayzeroError
+from .run import _session_setting
 
 
 def add_parser(sub) -> None:
@@ -27,6 +29,10 @@ def add_parser(sub) -> None:
     p.add_argument("--warmup", type=int, default=5, metavar="N", help="untimed runs first")
     p.add_argument("--runs", type=int, default=50, metavar="N", help="timed runs")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--session", action="append", default=[], type=_session_setting,
+                   metavar="KEY=VALUE",
+                   help="override a recorded onnxruntime session setting for these runs, as "
+                        "`dayzero run --session` (e.g. allow_spinning=true)")
     p.set_defaults(handler=bench_command)
 
 
@@ -58,7 +64,11 @@ def bench_command(args) -> int:
     if args.runs < 1 or args.warmup < 0:
         raise DayzeroError(f"--runs {args.runs} / --warmup {args.warmup}: need runs >= 1 and "
                            "warmup >= 0", "--runs/--warmup")
-    model = runtime.load(args.artifact)
+    session = options_from_assignments(args.session, "session").get("session")
+    model = runtime.load(args.artifact, session=session)
+    described = model.describe()
+    if described and not args.json:
+        print(described)
     with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
         inputs = _gather_inputs(model, args.input, _sizes(args.size))
     result = bench(model, inputs, args.warmup, args.runs, str(args.artifact))

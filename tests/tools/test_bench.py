@@ -42,6 +42,15 @@ def test_text_result_with_given_inputs(artifact, tmp_path, capsys):
     assert "median" in out and "p90" in out
 
 
+def test_session_settings_for_these_runs(artifact, capsys):
+    assert main(["bench", str(artifact), "--runs", "2", "--session", "intra_op_threads=1",
+                 "--session", "allow_spinning=false"]) == 0
+    out = capsys.readouterr().out
+    assert "intra_op_threads=1" in out and "allow_spinning=false" in out
+    assert main(["bench", str(artifact), "--session", "threads=1"]) == 1
+    assert "session.threads" in capsys.readouterr().err
+
+
 def test_bad_counts_are_refused(artifact, capsys):
     assert main(["bench", str(artifact), "--runs", "0"]) == 1
     assert "need runs >= 1" in capsys.readouterr().err
