@@ -22,7 +22,8 @@ class QuantizeWeights(Pass):
     signed range and offset by 2^(bits-1) (two 4-bit codes per byte, the first in the low
     nibble): ONNX Runtime's MatMulNBits layout, so that backend runs the stored bytes as they
     are. The error per weight is at most half a step, scale / 2.
-    Needs: weights with data (a streamed checkpoint's weights are refused, by name). A linear
+    Needs: weights with data (a streamed checkpoint's are quantized as the artifact writer
+    reaches them, one source tensor in memory at a time). A linear
     whose in-features are not a multiple of `group_size`, or whose weight is not a float 2-d
     weight, is left in float.
     Guarantees: the graph computes x @ dequantized(w)^T + b, exactly what the reference backend
@@ -62,11 +63,11 @@ class QuantizeWeights(Pass):
 
     def _replace(self, graph: Graph, node: Node) -> None:
         w = node.inputs[1]
-        codes, scales = quantize(_tensor(graph, w.name), self.bits, self.group_size)
+        codes, scales = _quantized(graph, w.name, self.bits, self.group_size)
         k = int(w.shape[1])
         qname, sname = _fresh(graph, f"{w.name}.q{self.bits}"), _fresh(graph, f"{w.name}.scales")
         qweight = graph.add_weight(qname, TensorType(DType.u8, tuple(codes.shape)), codes)
-        scale = graph.add_weight(sname, TensorType(w.dtype, (scales.numel(),)), scales)
+        scale = graph.add_weight(sname, TensorType(w.dtype, tuple(scales.shape)), scales)
         new = graph.add_node("quantized_linear", [node.inputs[0], qweight, scale, node.inputs[2]],
                              {"bits": self.bits, "group_size": self.group_size,
                               "in_features": k}, loc=node.loc, before=node)
@@ -92,17 +93,22 @@ def quantize(weight: Any, bits: int, group_size: int) -> tuple[Any, Any]:
     return codes.contiguous(), scale.reshape(-1).to(torch.as_tensor(weight).dtype)
 
 
-def _tensor(graph: Graph, name: str) -> Any:
+def _quantized(graph: Graph, name: str, bits: int, group_size: int) -> tuple[Any, Any]:
+    """Codes and scales of weight `name`: computed now for data in memory; for a weight
+    streamed from a checkpoint, two lazy handles that quantize it when the artifact writer
+    reaches them (one source tensor in memory at a time)."""
     import numpy as np
     import torch
 
+    from compiler.checkpoint.lazy_quantized import QuantizeJob, is_lazy
+
     data = graph.weight_data.get(name)
+    if is_lazy(data):
+        return QuantizeJob(data, bits, group_size, quantize).handles()
     if isinstance(data, (torch.Tensor, np.ndarray)):
-        return data
-    raise DayzeroError(f"weight '{name}' has no data in memory (it streams from a checkpoint), "
-                       "so it cannot be quantized at compile time", f"weight {name}",
-                       "quantize a model built with its weights, or drop quantize: from the "
-                       "config")
+        return quantize(data, bits, group_size)
+    raise DayzeroError(f"weight '{name}' has no data to quantize", f"weight {name}",
+                       "quantize a model built with its weights (or a checkpoint)")
 
 
 def _fresh(graph: Graph, name: str) -> str:
