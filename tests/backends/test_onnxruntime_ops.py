@@ -84,7 +84,12 @@ def test_op_matches_reference(name, kernels, tmp_path):
         warnings.simplefilter("ignore", ContribFallbackWarning)
         path = compile_graph(graph, tmp_path / "m.dz", options)
     check_onnx(path)
-    exe = load(path)
+    matches_reference(load(path), graph, case, name, case.tol)
+
+
+def matches_reference(exe, graph: Graph, case, name: str, tol: float) -> None:
+    """`exe` (any backend's executable) against the reference interpreter at each of the case's
+    sizes: same shapes and dtypes, floats within `tol`, everything else exactly."""
     for i, size in enumerate(case.sizes):
         inputs = inputs_for(graph, case, size, seed=i)
         want = [w.numpy() for w in run_graph(graph, graph.weight_data, inputs)]
@@ -94,7 +99,7 @@ def test_op_matches_reference(name, kernels, tmp_path):
             assert g.shape == w.shape and g.dtype == w.dtype, (g.shape, w.shape, g.dtype, w.dtype)
             if w.dtype.kind in "fc":
                 np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64),
-                                           rtol=case.tol, atol=case.tol, equal_nan=True,
+                                           rtol=tol, atol=tol, equal_nan=True,
                                            err_msg=f"{name} at s0={size}\n{print_ir(graph)}")
             else:
                 np.testing.assert_array_equal(g, w, err_msg=f"{name} at s0={size}")

@@ -8,15 +8,13 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton (no CUDA here)
 
-import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from backends.reference.interpreter import run_graph  # noqa: E402
 from backends.triton import TritonBackend  # noqa: E402
 from compiler.errors import DayzeroError  # noqa: E402
 from runtime.artifact import Artifact, write_artifact  # noqa: E402
 from tests.backends.onnxruntime_cases import CASES  # noqa: E402
-from tests.backends.test_onnxruntime_ops import build, inputs_for  # noqa: E402
+from tests.backends.test_onnxruntime_ops import build, matches_reference  # noqa: E402
 
 pytest.importorskip("triton")
 
@@ -48,16 +46,4 @@ def test_op_matches_reference(name, tmp_path):
     graph = build(case)
     path = write_artifact(tmp_path / "m.dz", graph, TritonBackend())
     exe = TritonBackend().load(Artifact(path))
-    tol = max(1e-4, case.tol)
-    for i, size in enumerate(case.sizes):
-        inputs = inputs_for(graph, case, size, seed=i)
-        want = [w.numpy() for w in run_graph(graph, graph.weight_data, inputs)]
-        got = exe(inputs)
-        assert len(got) == len(want)
-        for g, w in zip(got, want):
-            assert g.shape == w.shape and g.dtype == w.dtype, (g.shape, w.shape, g.dtype, w.dtype)
-            if w.dtype.kind in "fc":
-                np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=tol,
-                                           atol=tol, equal_nan=True, err_msg=f"{name} s0={size}")
-            else:
-                np.testing.assert_array_equal(g, w, err_msg=f"{name} at s0={size}")
+    matches_reference(exe, graph, case, name, max(1e-4, case.tol))
