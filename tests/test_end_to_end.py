@@ -48,6 +48,18 @@ def eager_outputs(model, inputs) -> list[np.ndarray]:
     return [t.numpy() for t in out]
 
 
+def matches_eager(loaded, model, inputs, sizes, tol: float = 1e-5) -> None:
+    """The artifact against eager at each size (the examples' symbolic dims set to it)."""
+    for i, size in enumerate(sizes):
+        new = tuple(resized(x, s, size, seed=i) for x, s in zip(inputs, loaded.input_specs))
+        got = loaded(*new)
+        want = eager_outputs(model, new)
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert g.shape == w.shape
+            np.testing.assert_allclose(g, w, rtol=tol, atol=tol)
+
+
 @pytest.mark.parametrize("name", sorted(SIZES))
 def test_example_matches_eager_at_three_sizes(name, tmp_path):
     model, inputs, *rest = build(name)
@@ -55,14 +67,7 @@ def test_example_matches_eager_at_three_sizes(name, tmp_path):
                             dynamic_shapes=rest[0] if rest else None)
     hashes_before = (path / "manifest.json").read_bytes()
     loaded = runtime.load(path)
-    for i, size in enumerate(SIZES[name]):
-        new = tuple(resized(x, s, size, seed=i) for x, s in zip(inputs, loaded.input_specs))
-        got = loaded(*new)
-        want = eager_outputs(model, new)
-        assert len(got) == len(want)
-        for g, w in zip(got, want):
-            assert g.shape == w.shape
-            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    matches_eager(loaded, model, inputs, SIZES[name])
     assert (path / "manifest.json").read_bytes() == hashes_before  # nothing recompiled or rewritten
     text = (path / "graph.dzir").read_text()
     assert compiler.ir.print_ir(compiler.ir.parse_ir(text)) == text

@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 import compiler
 import runtime
 from tests.backends.onnxruntime_util import check_onnx
-from tests.test_end_to_end import SIZES, build, eager_outputs, resized
+from tests.test_end_to_end import SIZES, build, matches_eager
 
 
 @pytest.mark.parametrize("name", sorted(SIZES))
@@ -19,11 +18,4 @@ def test_example_on_onnxruntime_matches_eager(name, tmp_path):
                             dynamic_shapes=rest[0] if rest else None)
     check_onnx(path)
     loaded = runtime.load(path)
-    for i, size in enumerate(SIZES[name]):
-        new = tuple(resized(x, s, size, seed=i) for x, s in zip(inputs, loaded.input_specs))
-        got = loaded(*new)
-        want = eager_outputs(model, new)
-        assert len(got) == len(want)
-        for g, w in zip(got, want):
-            assert g.shape == w.shape
-            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    matches_eager(loaded, model, inputs, SIZES[name])
