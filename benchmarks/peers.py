@@ -110,6 +110,7 @@ class Peer:
     note: str = ""
     times: list[float] = field(default_factory=list)
     cpu_times: list[float] = field(default_factory=list)
+    rounds: list[float] = field(default_factory=list)  # median call of each round's block
     extra: dict = field(default_factory=dict)
 
     @property
@@ -206,6 +207,17 @@ def time_interleaved(peers: list[Peer], repeat: int, block: int = 5, warmup: int
                     p.run()
                     p.times.append(time.perf_counter() - start)
                     p.cpu_times.append(time.process_time() - cpu)
+                p.rounds.append(statistics.median(p.times[-block:]))
+
+
+def paired_ratio(a: Peer, b: Peer) -> tuple[float, float, float] | None:
+    """a's time over b's, round by round (each pair measured seconds apart, so a drift in the
+    machine's speed cancels): the median and the quartiles over the rounds."""
+    ratios = [x / y for x, y in zip(a.rounds, b.rounds)]
+    if len(ratios) < 2:
+        return None
+    q1, q2, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+    return q2, q1, q3
 
 
 def _diff(out, ref) -> float:
@@ -314,6 +326,11 @@ def report(name: str, peers: list[Peer], rate: float) -> str:
     lines += ["", f"- roofline floor: {dz.extra['flops'] / 1e9:.3f} GFLOP of matmuls at "
               f"{rate / 1e9:.0f} GFLOP/s = {floor_ms:.2f} ms (dayzero's median is "
               f"{dz.latency_ms / floor_ms:.1f}x the floor)"]
+    paired = paired_ratio(dz, ort_export)
+    if paired:
+        lines.append(f"- dayzero over torch.onnx.export+ORT, round by round: median "
+                     f"{paired[0]:.2f}x (quartiles {paired[1]:.2f}x-{paired[2]:.2f}x "
+                     f"over {len(dz.rounds)} rounds)")
     if ort_export.compile_s:
         lines.append(f"- compile time (model to loaded executable): dayzero {dz.compile_s:.2f} s, "
                      f"torch.onnx.export + session {ort_export.compile_s:.2f} s "

@@ -66,7 +66,7 @@ def lower_and_write(graph: Graph, out: Path, target, cfg: CompileConfig, *,
     from passes.fusion.decompose import decompose_unsupported
     from passes.fusion.report import fusion_report, op_counts, records_of
     from passes.plan_memory import memory_plan_for
-    from runtime.artifact import write_artifact
+    from runtime.artifact_writer import write_artifact
 
     pipeline = parse_pipeline(passes or _default_pipeline(cfg, target, DEFAULT_PIPELINE))
     pipeline = _with_quantization(_with_precision(pipeline, cfg), cfg)
@@ -122,7 +122,7 @@ def _write_partitioned(graph: Graph, out: Path, target, cfg: CompileConfig, pipe
     """Partition over the `parallel:` mesh and write one graph and weight shards per rank."""
     from passes.parallel import Mesh
     from passes.parallel.partition import partition
-    from runtime.artifact import write_artifact
+    from runtime.artifact_writer import write_artifact
 
     mesh = Mesh.from_config(cfg.parallel)
     with log.stage("partition", str(mesh)):

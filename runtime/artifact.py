@@ -1,4 +1,4 @@
-"""The artifact on disk, in one module: its layout, the writer the compile driver calls, the reader.
+"""The artifact on disk: its layout and the reader (the writer is `artifact_writer`).
 
 ```
 model.dz/
@@ -10,30 +10,21 @@ model.dz/
   backend/...              the backend's payload
 ```
 
-The writer builds everything in a temporary sibling folder and renames it into place, so a failed
-compile leaves nothing behind and `force` replaces an old artifact only once the new one is
-complete. The reader trusts nothing: it checks the format version, every file's size and hash,
+The reader trusts nothing: it checks the format version, every file's size and hash,
 and the safetensors headers, and maps weights with mmap. No pickle, nothing in it is executed.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
-import os
-import shutil
-import uuid
-from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
 
-import backends
-from backends import Backend, WeightLocation
-from compiler.errors import ArtifactError, DayzeroError
-from compiler.ir import Graph, print_ir, symbolic
+from backends import WeightLocation
+from compiler.errors import ArtifactError
 
 from . import safetensors_io as st
 
@@ -43,199 +34,9 @@ MANIFEST = "manifest.json"
 GRAPH = "graph.dzir"
 WEIGHTS_DIR = "weights"
 PAYLOAD_DIR = "backend"
-DEFAULT_SHARD_BYTES = 2 * 2**30
 VERIFY_MODES = ("full", "size")
 
-# Keys the writer owns; `manifest_extra` may add others (pipeline, config, ...) but not these.
-_OWN_KEYS = frozenset({"format", "format_version", "producer", "producer_version", "backend",
-                       "backend_options", "graph", "inputs", "outputs", "symbols", "files"})
 _HASH_CHUNK = 8 * 2**20
-
-
-# -- writing -----------------------------------------------------------------------------------
-
-def write_artifact(out: str | Path, graph: Graph, backend: Backend | str, *,
-                   options: Mapping[str, Any] | None = None,
-                   manifest_extra: Mapping[str, Any] | None = None, force: bool = False,
-                   progress: Callable[[int], Any] | None = None,
-                   shard_bytes: int = DEFAULT_SHARD_BYTES,
-                   ranks: Sequence[Any] | None = None) -> Path:
-    """Write `graph` (with `graph.weight_data`) lowered by `backend` as an artifact at `out`.
-
-    `progress` is called with the number of weight bytes written after each tensor. Without
-    `force` an existing `out` is refused; with it, an existing artifact (or empty folder) is
-    replaced once the new one is complete. Returns `out` as a Path.
-
-    `ranks` (objects with `rank`, `coords` and `graph`, one per rank of a partitioned model)
-    writes one graph and one set of weight shards per rank instead (see `rank_files`); `graph`
-    is then the annotated global graph, stored as graph.dzir for inspection only.
-    """
-    out = Path(out)
-    target = backends.get(backend) if isinstance(backend, str) else backend
-    options = dict(options or {})
-    extra = dict(manifest_extra or {})
-    _check_json(options, "backend options")
-    _check_json(extra, "manifest_extra")
-    clash = sorted(_OWN_KEYS & set(extra))
-    if clash:
-        raise ValueError(f"manifest_extra may not set {clash}; the writer owns those keys")
-    _check_target(out, force)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.tmp")
-    tmp.mkdir()  # not tempfile.mkdtemp: the artifact keeps the user's umask, not mode 0700
-    try:
-        files: dict[str, dict[str, Any]] = {}
-        if ranks is None:
-            shard_files = _fill(tmp, graph, target, options, files, progress, shard_bytes)
-        else:
-            from .rank_files import write_ranks
-
-            entries = write_ranks(tmp, ranks, target, options, files, progress, shard_bytes)
-            _put(tmp, GRAPH, print_ir(graph).encode(), files)
-            extra["parallel"] = {**extra.get("parallel", {}), "ranks": entries}
-            shard_files = []
-        manifest = _manifest(graph, target.name, options, extra, shard_files, files)
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        _install(tmp, out, force)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
-
-
-def _fill(root: Path, graph: Graph, backend: Backend, options: dict[str, Any],
-          files: dict[str, dict[str, Any]], progress, shard_bytes: int) -> list[str]:
-    """Weights, then the backend payload (it needs their locations), then the graph text."""
-    locations, shard_files = _write_weights(root, graph, files, progress, shard_bytes)
-    payload = backend.lower(graph, locations, options)
-    for rel, data in sorted(payload.items()):
-        if isinstance(data, str):
-            data = data.encode()
-        _put(root, f"{PAYLOAD_DIR}/{_safe_relpath(rel, 'backend payload')}", bytes(data), files)
-    _put(root, GRAPH, print_ir(graph).encode(), files)
-    return shard_files
-
-
-def _put(root: Path, rel: str, data: bytes, files: dict[str, dict[str, Any]]) -> None:
-    path = root / rel
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
-    files[rel] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-
-
-def _write_weights(root: Path, graph: Graph, files: dict[str, dict[str, Any]], progress,
-                   shard_bytes: int, folder: str = WEIGHTS_DIR
-                   ) -> tuple[dict[str, WeightLocation], list[str]]:
-    specs = {name: _weight_spec(graph, name) for name in graph.weights}
-    sizes = [(name, _nbytes(*spec)) for name, spec in specs.items()]
-    shards = st.plan_shards(sizes, shard_bytes)
-    (root / folder).mkdir(parents=True)
-    locations: dict[str, WeightLocation] = {}
-    shard_files = []
-    for index, names in enumerate(shards):
-        rel = f"{folder}/model-{index + 1:05d}-of-{len(shards):05d}.safetensors"
-        entries, digest, size = st.write_file(root / rel, {n: specs[n] for n in names},
-                                              graph.weight_data, progress)
-        files[rel] = {"size": size, "sha256": digest}
-        shard_files.append(rel)
-        for e in entries:
-            locations[e.name] = WeightLocation(rel, e.begin, e.nbytes, e.dtype.value, e.shape)
-    return locations, shard_files
-
-
-def _weight_spec(graph: Graph, name: str):
-    value = graph.weights[name]
-    if not all(symbolic.is_static(d) for d in value.type.shape):
-        raise DayzeroError(f"weight '{name}' has a symbolic shape {value.type}", f"weight {name}",
-                           "weights must have static shapes")
-    if name not in graph.weight_data:
-        raise DayzeroError(f"weight '{name}' has no data in graph.weight_data", f"weight {name}",
-                           "load or export the model's weights before writing the artifact")
-    return value.type.dtype, tuple(int(d) for d in value.type.shape)
-
-
-def _nbytes(dtype, shape) -> int:
-    return int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-
-
-def _manifest(graph: Graph, backend: str, options: dict[str, Any], extra: dict[str, Any],
-              shard_files: list[str], files: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    parallel = {"world_size": 1, "tensor_parallel": 1, "pipeline_parallel": 1,
-                "data_parallel": 1,
-                "ranks": [{"rank": 0, "graph": GRAPH, "weights": shard_files}]}
-    parallel.update(extra.pop("parallel", {}))
-    return {
-        "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION,
-        "producer": "dayzero",
-        "producer_version": _producer_version(),
-        "backend": backend,
-        "backend_options": options,
-        "graph": GRAPH,
-        "inputs": [_spec(v) for v in graph.inputs],
-        "outputs": [_spec(v) for v in graph.outputs],
-        "symbols": {name: [lo, hi] for name, (lo, hi) in graph.symbols.items()},
-        "parallel": parallel,
-        "pipeline": extra.pop("pipeline", None),
-        **extra,
-        "files": dict(sorted(files.items())),
-    }
-
-
-def _spec(value) -> dict[str, Any]:
-    shape = [d if isinstance(d, int) else symbolic.dim_str(d) for d in value.type.shape]
-    return {"name": value.name, "dtype": value.type.dtype.value, "shape": shape}
-
-
-def _producer_version() -> str:
-    try:
-        return importlib.metadata.version("dayzero")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
-
-
-def _check_json(value: Any, what: str) -> None:
-    try:
-        json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise DayzeroError(f"{what} cannot be stored in manifest.json: {exc}", what,
-                           "use only strings, numbers, booleans, null, lists and dicts") from None
-
-
-def _check_target(out: Path, force: bool) -> None:
-    if not (out.exists() or out.is_symlink()):
-        return
-    if not force:
-        raise DayzeroError(f"output path {out} already exists", str(out),
-                           "choose another path or pass --force (force=True) to replace it")
-    if out.is_symlink() or not out.is_dir() or not _is_artifact_or_empty(out):
-        raise DayzeroError(f"refusing to replace {out}: it is not a dayzero artifact", str(out),
-                           "remove it yourself or choose another output path")
-
-
-def _is_artifact_or_empty(path: Path) -> bool:
-    if not any(path.iterdir()):
-        return True
-    try:
-        return json.loads((path / MANIFEST).read_text()).get("format") == FORMAT_NAME
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
-def _install(tmp: Path, out: Path, force: bool) -> None:
-    """Rename the finished folder into place; an old artifact goes only after that succeeded."""
-    if not (out.exists() or out.is_symlink()):
-        os.rename(tmp, out)
-        return
-    _check_target(out, force)
-    old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
-    os.rename(out, old)
-    try:
-        os.rename(tmp, out)
-    except BaseException:
-        os.rename(old, out)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
 
 
 # -- reading -----------------------------------------------------------------------------------
@@ -276,7 +77,7 @@ class Artifact:
 
     def payload_path(self, relpath: str) -> Path:
         """Path of a payload file under backend/ (which must be listed in the manifest)."""
-        rel = f"{PAYLOAD_DIR}/{_safe_relpath(relpath, 'payload path')}"
+        rel = f"{PAYLOAD_DIR}/{safe_relpath(relpath, 'payload path')}"
         if rel not in self.manifest["files"]:
             raise ArtifactError(f"the artifact has no payload file {rel}", str(self.root / rel),
                                 "recompile the artifact with this backend")
@@ -414,7 +215,7 @@ def _check_files(root: Path, listed: dict[str, Any], verify: str, weight_files: 
     """
     inside = root.resolve()
     for rel, info in listed.items():
-        path = root / _safe_relpath(rel, f"file listed in {MANIFEST}")
+        path = root / safe_relpath(rel, f"file listed in {MANIFEST}")
         if path.is_symlink() or (path.exists() and not path.resolve().is_relative_to(inside)):
             raise ArtifactError(f"file {rel} is a link or lies outside the artifact", str(path),
                                 "an artifact holds plain files only; recompile it")
@@ -448,7 +249,7 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _safe_relpath(rel: Any, what: str) -> str:
+def safe_relpath(rel: Any, what: str) -> str:
     """A relative POSIX path that stays inside its folder (no absolute paths, no '..')."""
     parts = PurePosixPath(rel).parts if isinstance(rel, str) else ()
     if not parts or "/".join(parts) != rel or "\\" in rel or ".." in parts:

@@ -39,6 +39,7 @@ from .artifact import Artifact, open_artifact
 from .artifact import _read_manifest as read_manifest
 from .comm import DEFAULT_TIMEOUT, Rendezvous, TorchCommunicator, barrier, connect
 from .convert import to_numpy
+from .npz_files import write_npz
 from .specs import TensorSpec, specs_from_manifest
 from .validate import validate_inputs
 
@@ -176,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         inputs = _read_inputs(args.inputs, model.input_specs)
         outputs = model(*inputs)
         if args.output and model.env.rank == output_rank(model.artifact.manifest):
-            _write_npz(Path(args.output), {s.name: o for s, o in zip(model.output_specs,
+            write_npz(Path(args.output), {s.name: o for s, o in zip(model.output_specs,
                                                                       outputs)})
         model.close()
         return 0
@@ -214,15 +215,6 @@ def _read_inputs(path: str | None, specs: list[TensorSpec]) -> list[np.ndarray]:
     return [arrays[s.name] for s in specs]
 
 
-def _write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npz.tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 # -- launching ranks on this machine ----------------------------------------------------------
@@ -242,7 +234,7 @@ def launch(artifact: str | Path, nproc: int, inputs: dict[str, np.ndarray], *,
 
     with tempfile.TemporaryDirectory(prefix="dayzero-run-") as tmp:
         in_path, out_path = Path(tmp) / "inputs.npz", Path(tmp) / "outputs.npz"
-        _write_npz(in_path, inputs)
+        write_npz(in_path, inputs)
         config = LaunchConfig(
             min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex,
             rdzv_backend="static", rdzv_endpoint=f"127.0.0.1:{free_port()}",

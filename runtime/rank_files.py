@@ -39,7 +39,8 @@ def segment_payload_dir(rank: int, segment: int) -> str:
 def write_ranks(root: Path, ranks: Sequence[Any], backend: Backend, options: dict[str, Any],
                 files: dict[str, dict[str, Any]], progress, shard_bytes: int) -> list[dict]:
     """Write every rank's graph, weights and payload; returns the manifest's `ranks` entries."""
-    from .artifact import PAYLOAD_DIR, WEIGHTS_DIR, _put, _safe_relpath, _write_weights
+    from .artifact import PAYLOAD_DIR, WEIGHTS_DIR, safe_relpath
+    from .artifact_writer import _put, _write_weights
 
     shared: dict[tuple, tuple[list[str], dict]] = {}
     entries = []
@@ -60,7 +61,7 @@ def write_ranks(root: Path, ranks: Sequence[Any], backend: Backend, options: dic
             prefix = segment_payload_dir(program.rank, segment)
             for rel, data in sorted(payload.items()):
                 data = data.encode() if isinstance(data, str) else bytes(data)
-                _put(root, f"{PAYLOAD_DIR}/{prefix}/{_safe_relpath(rel, 'backend payload')}",
+                _put(root, f"{PAYLOAD_DIR}/{prefix}/{safe_relpath(rel, 'backend payload')}",
                      data, files)
             segment += 1
         _put(root, rank_graph_path(program.rank), print_ir(graph).encode(), files)

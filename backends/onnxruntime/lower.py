@@ -175,7 +175,8 @@ def _external(name: str, graph: Graph, weights: Mapping[str, WeightLocation]) ->
     """An initializer whose bytes stay in the safetensors file, referenced by offset and length."""
     if name not in weights:
         raise DayzeroError(f"weight '{name}' has no location in the artifact", f"weight {name}",
-                           "write the weights before lowering (runtime.artifact.write_artifact)")
+                           "write the weights before lowering "
+                           "(runtime.artifact_writer.write_artifact)")
     loc, value = weights[name], graph.weights[name]
     tensor = TensorProto()
     tensor.name = name

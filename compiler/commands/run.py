@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
-import tempfile
 import time
 from pathlib import Path
 
@@ -49,7 +47,9 @@ def run_command(args) -> int:
         print(f"{spec.name}: {out.dtype}{list(out.shape)} {stats}".rstrip())
     print(f"ran in {elapsed * 1000:.1f} ms")
     if args.output:
-        _save_npz(Path(args.output), {s.name: o for s, o in zip(model.output_specs, outputs)})
+        from runtime.npz_files import write_npz
+
+        write_npz(Path(args.output), {s.name: o for s, o in zip(model.output_specs, outputs)})
         print(f"wrote {args.output}")
     return 0
 
@@ -149,13 +149,3 @@ def _np_name(dtype: str) -> str:
             "i8": "int8", "u8": "uint8", "bool": "bool"}.get(dtype, "float32")
 
 
-def _save_npz(path: Path, arrays: dict) -> None:
-    """Atomic: the file appears complete or not at all."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent or Path("."), suffix=".npz.tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -31,22 +31,18 @@ def _known_weight(graph: Graph, value: Value | None) -> bool:
         graph.weight_data.get(value.name), (torch.Tensor, np.ndarray))
 
 
-def _mergeable(graph: Graph, node: Node, readers: dict[int, int], returned: set[int]) -> bool:
+def _mergeable(graph: Graph, node: Node, readers: dict, returned: set[int]) -> bool:
     if node.op != "linear":
         return False
     x, w, b = node.inputs
     params = [w] if b is None else [w, b]
-    return all(_known_weight(graph, p) and readers[id(p)] == 1 and id(p) not in returned
+    return all(_known_weight(graph, p) and len(readers[p]) == 1 and id(p) not in returned
                for p in params)
 
 
 def find_groups(graph: Graph) -> list[list[Node]]:
     """Linears that can merge, grouped by (input, dtype, in-features, with bias); read-only."""
-    readers: dict[int, int] = {}
-    for node in graph.nodes:
-        for v in node.inputs:
-            if v is not None:
-                readers[id(v)] = readers.get(id(v), 0) + 1
+    readers = graph.users()
     returned = {id(v) for v in graph.outputs}
     groups: dict[tuple, list[Node]] = {}
     for node in graph.nodes:

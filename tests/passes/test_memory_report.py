@@ -11,7 +11,7 @@ import torch
 from compiler.cli import main
 from passes.memory import MemoryPlan, plan_graph, verify_plan
 from passes.memory.report import human_bytes, summarize
-from runtime.artifact import write_artifact
+from runtime.artifact_writer import write_artifact
 from tests.passes.memory_util import graph
 
 MODEL = """

@@ -12,7 +12,7 @@ import runtime
 from compiler.errors import DayzeroError, InputError
 from compiler.ir import DType, Graph, TensorType, symbol
 from runtime import TensorSpec
-from runtime.artifact import write_artifact
+from runtime.artifact_writer import write_artifact
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from compiler.ir import DType, Graph, TensorType, symbol
-from runtime.artifact import write_artifact
+from runtime.artifact_writer import write_artifact
 
 BLOCK_TORCH = textwrap.dedent("""
     import sys
