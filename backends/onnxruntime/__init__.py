@@ -114,11 +114,13 @@ class OnnxRuntimeBackend(Backend):
                                "onnxruntime installed here") from exc
         return OrtExecutable(ort_session, record, settings)
 
-    def observe(self, artifact: ArtifactView, values):
-        """Intermediate values for `dayzero align` (see `observe.py`)."""
+    def observe(self, artifact: ArtifactView, values, *,
+                session: Mapping[str, Any] | None = None):
+        """Intermediate values for `dayzero align` (see `observe.py`), with the recorded
+        session settings overridden by `session` as in `load`."""
         from .observe import observer
 
-        return observer(artifact, values, MODEL)
+        return observer(artifact, values, MODEL, session)
 
 
 def _excluded_kernels(names: Any, kernels) -> list[str]:

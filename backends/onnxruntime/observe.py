@@ -13,7 +13,7 @@ Debug path only: it needs the onnx package (the plain load path does not).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from compiler.ir import DType, parse_ir
@@ -40,7 +40,8 @@ class OrtObserver:
         return results[:self.outputs], extra
 
 
-def observer(artifact, values: Sequence[str], model_file: str) -> OrtObserver:
+def observer(artifact, values: Sequence[str], model_file: str,
+             session: Mapping[str, Any] | None = None) -> OrtObserver:
     """An observer for `artifact` returning those of `values` that the ONNX graph computes."""
     import onnx
     from onnx import helper
@@ -67,8 +68,9 @@ def observer(artifact, values: Sequence[str], model_file: str) -> OrtObserver:
         observed.append(name)
     record = read_record(artifact)
     config = SessionConfig.from_options(record.get("session"))
-    session = create_session(model.SerializeToString(), config, artifact.root)
-    return OrtObserver(OrtExecutable(session, record), len(outputs), observed)
+    settings = config.overridden(session, "session").resolve()
+    ort_session = create_session(model.SerializeToString(), settings, artifact.root)
+    return OrtObserver(OrtExecutable(ort_session, record, settings), len(outputs), observed)
 
 
 def _onnx_types(model, artifact) -> dict[str, int]:

@@ -10,8 +10,11 @@ import json
 import sys
 from pathlib import Path
 
+from ..config import options_from_assignments
 from ..errors import DayzeroError
 from ..log import StageLog
+from .compile import BACKEND_OPTION_HELP, _backend_option
+from .run import _session_setting
 
 
 def add_parser(sub) -> None:
@@ -26,6 +29,13 @@ def add_parser(sub) -> None:
                    help="backend for the nodes --backend does not support (as in compile)")
     p.add_argument("--config", metavar="FILE.yaml", help="compile config for a SPEC")
     p.add_argument("--passes", metavar="a,b,c", help="pass pipeline for a SPEC")
+    p.add_argument("--backend-option", action="append", default=[], type=_backend_option,
+                   dest="backend_options", metavar="[BACKEND:]KEY=VALUE",
+                   help="for a SPEC, as in compile: " + BACKEND_OPTION_HELP)
+    p.add_argument("--session", action="append", default=[], type=_session_setting,
+                   metavar="KEY=VALUE",
+                   help="override a recorded onnxruntime session setting for this alignment, "
+                        "as `dayzero run --session` (e.g. intra_op_threads=1)")
     p.add_argument("--artifact", metavar="ARTIFACT",
                    help="with a SPEC: align this artifact (compiled elsewhere) against the "
                    "SPEC's reference instead of compiling the SPEC")
@@ -51,9 +61,10 @@ def align_command(args) -> int:
     # with --json, stdout carries the JSON document only
     chatter = sys.stderr if args.json else sys.stdout
     log = StageLog(sys.stderr)
+    session = options_from_assignments(args.session, "session").get("session")
     with _target(args, log) as target, contextlib.redirect_stdout(chatter):
         inputs = _inputs(args, target)
-        report = run_alignment(target, inputs, atol=args.atol, rtol=args.rtol)
+        report = run_alignment(target, inputs, atol=args.atol, rtol=args.rtol, session=session)
     if args.html:
         Path(args.html).write_text(render(report))
         print(f"wrote {args.html}", file=sys.stderr)
@@ -75,17 +86,20 @@ def _target(args, log: StageLog):
     from ..tools.align_target import target_from_artifact, target_from_spec
 
     if _is_artifact(args.target):
-        for flag in ("config", "passes", "artifact", "backend", "fallback"):
+        for flag in ("config", "passes", "artifact", "backend", "fallback", "backend_options"):
             if getattr(args, flag):
-                raise DayzeroError(f"--{flag} applies to a SPEC, not to an artifact",
-                                   f"--{flag}", "drop it (an artifact runs on the backend it "
-                                   "was compiled for), or give the SPEC instead")
+                raise DayzeroError(f"--{_flag(flag)} applies to a SPEC, not to an artifact",
+                                   f"--{_flag(flag)}", "drop it (an artifact runs on the backend "
+                                   "it was compiled for), or give the SPEC instead")
         return target_from_artifact(args.target)
-    for flag in ("backend", "fallback", "config", "passes"):
+    for flag in ("backend", "fallback", "config", "passes", "backend_options"):
         if args.artifact and getattr(args, flag):
-            raise DayzeroError(f"--{flag} with --artifact: the artifact is already compiled "
-                               "(for its own backend, config and passes)", f"--{flag}",
-                               f"drop --{flag}, or drop --artifact to compile the SPEC")
+            raise DayzeroError(f"--{_flag(flag)} with --artifact: the artifact is already "
+                               "compiled (for its own backend, config and passes)",
+                               f"--{_flag(flag)}",
+                               f"drop --{_flag(flag)}, or drop --artifact to compile the SPEC")
+    backend_options = options_from_assignments(args.backend_options,
+                                               args.backend or "onnxruntime")
     # the backend first: some configure their runtime on import, before torch.export runs
     for name in ([_artifact_backend(args.artifact)] if args.artifact else
                  [args.backend or "onnxruntime", *([args.fallback] if args.fallback else [])]):
@@ -94,7 +108,11 @@ def _target(args, log: StageLog):
         spec = load_spec(args.target)
     return target_from_spec(spec, backend=args.backend or "onnxruntime", config=args.config,
                             passes=args.passes, artifact=args.artifact, log=log,
-                            fallback=args.fallback)
+                            fallback=args.fallback, backend_options=backend_options)
+
+
+def _flag(dest: str) -> str:
+    return dest.replace("backend_options", "backend-option")
 
 
 def _artifact_backend(path: str) -> str:

@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -67,11 +69,13 @@ def target_from_artifact(path: str | Path) -> AlignTarget:
 def target_from_spec(spec, backend: str = "onnxruntime", config: Any = None,
                      passes: str | None = None, artifact: str | Path | None = None,
                      log: StageLog = SILENT, reference: Graph | None = None,
-                     fallback: str | None = None) -> AlignTarget:
+                     fallback: str | None = None,
+                     backend_options: Mapping[str, Any] | None = None) -> AlignTarget:
     """Export `spec` (a `compiler.spec.ModelSpec`) and compile it, or take `artifact`.
 
     `reference`, when given, is the spec's exported graph (left unchanged), to export once for
-    several alignments; `fallback` is `compile --fallback`."""
+    several alignments; `fallback` is `compile --fallback`; `backend_options` are merged over
+    the config's, as `compile --backend-option`."""
     from compiler.frontend import export
 
     if reference is None:
@@ -82,7 +86,7 @@ def target_from_spec(spec, backend: str = "onnxruntime", config: Any = None,
     if artifact is None:
         tmp = tempfile.TemporaryDirectory(prefix="dayzero-align-")
         artifact = _compile(_copy(reference), Path(tmp.name) / "model.dz", backend, config,
-                            passes, fallback, log)
+                            passes, fallback, log, backend_options)
     try:
         opened = _open(artifact)
         compiled = parse_ir(opened.graph_text(), source=f"{artifact}/graph.dzir")
@@ -104,13 +108,14 @@ def _copy(graph: Graph) -> Graph:
 
 
 def _compile(graph: Graph, out: Path, backend: str, config: Any, passes: str | None,
-             fallback: str | None, log: StageLog) -> Path:
+             fallback: str | None, log: StageLog,
+             backend_options: Mapping[str, Any] | None) -> Path:
     import backends
     from compiler.config import load_config
     from compiler.driver import _refuse_unimplemented, lower_and_write
     from passes import DEFAULT_PIPELINE
 
-    cfg = load_config(config)
+    cfg = load_config(config).with_backend_options(backend_options, "--backend-option")
     _refuse_unimplemented(cfg)
     if any(v > 1 for v in cfg.parallel.values()):
         raise DayzeroError("align runs one process; the config asks for a parallel layout",
@@ -137,8 +142,10 @@ def _array(x: Any) -> np.ndarray:
 
 
 def run_alignment(target: AlignTarget, inputs: Sequence[np.ndarray], atol: float | None = None,
-                  rtol: float | None = None) -> AlignReport:
-    """Run the target's backend and the reference on `inputs` and compare them."""
+                  rtol: float | None = None,
+                  session: Mapping[str, Any] | None = None) -> AlignReport:
+    """Run the target's backend and the reference on `inputs` and compare them; `session`
+    overrides recorded session settings as in `runtime.load` (backends that take them)."""
     import backends
     from runtime.validate import validate_inputs
 
@@ -146,10 +153,10 @@ def run_alignment(target: AlignTarget, inputs: Sequence[np.ndarray], atol: float
     validate_inputs(target.input_specs, arrays)
     backend = backends.get(target.artifact.backend)
     names = [v.name for node in target.compiled.nodes for v in node.outputs]
-    observer = backend.observe(target.artifact, names)
+    observer = _with_session(backend.observe, backend.name, session)(target.artifact, names)
     outputs_only = observer is None
     if outputs_only:
-        executable = backend.load(target.artifact)
+        executable = _with_session(backend.load, backend.name, session)(target.artifact)
         observer = lambda xs: (list(executable(xs)), {})  # noqa: E731
     report = align_graphs(target.compiled, target.reference, target.reference_weights, observer,
                           arrays, backend=backend.name, reference_label=target.reference_label,
@@ -157,6 +164,17 @@ def run_alignment(target: AlignTarget, inputs: Sequence[np.ndarray], atol: float
     if target.module is not None:
         report.eager_max_abs = eager_difference(target.module, arrays, report.reference_outputs)
     return report
+
+
+def _with_session(method, backend: str, session: Mapping[str, Any] | None):
+    """`method` (a backend's load or observe) with the session overrides bound, for a method
+    that takes them; without overrides, the method as it is."""
+    if not session:
+        return method
+    if "session" not in inspect.signature(method).parameters:
+        raise DayzeroError(f"backend '{backend}' has no session settings to override",
+                           "--session", "align without --session")
+    return functools.partial(method, session=session)
 
 
 def eager_difference(module, inputs: Sequence[np.ndarray],

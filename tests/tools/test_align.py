@@ -117,6 +117,37 @@ def test_artifact_alignment_and_given_inputs(tmp_path, capsys):
     assert main(["align", TINY, "--artifact", str(out)]) == 0
 
 
+def test_backend_options_shape_the_compile_and_session_settings_the_run(capsys):
+    from backends.onnxruntime import read_record
+    from backends.onnxruntime.fused import ContribFallbackWarning
+
+    spec = load_spec(TINY)
+    excluded = {"onnxruntime": {"exclude_kernels": ["com.microsoft.FusedMatMul"]}}
+    with pytest.warns(ContribFallbackWarning, match="FusedMatMul"), \
+            target_from_spec(spec, backend_options=excluded) as target:
+        kernels = {op for entry in read_record(target.artifact)["nodes"] for op in entry["onnx"]}
+        report = run_alignment(target, target.example_inputs,
+                               session={"intra_op_threads": 1, "allow_spinning": False})
+    assert "com.microsoft.FusedMatMul" not in kernels and "Gemm" in kernels
+    assert report.ok and len(report.checks) >= 6
+    with pytest.warns(ContribFallbackWarning):
+        assert main(["align", TINY, "--session", "intra_op_threads=1", "--backend-option",
+                     "exclude_kernels=[com.microsoft.FusedMatMul]"]) == 0
+
+
+def test_session_and_backend_option_errors_name_the_setting(tmp_path, capsys):
+    assert main(["align", TINY, "--session", "intra_op_treads=1"]) != 0
+    assert "session.intra_op_treads" in capsys.readouterr().err
+    assert main(["align", TINY, "--backend", "reference", "--session", "intra_op_threads=1"]) != 0
+    assert "backend 'reference' has no session settings" in capsys.readouterr().err
+    out = tmp_path / "tiny.dz"
+    assert main(["compile", TINY, "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["align", str(out), "--backend-option", "session.intra_op_threads=1"]) != 0
+    assert "--backend-option applies to a SPEC" in capsys.readouterr().err
+    assert main(["align", str(out), "--session", "intra_op_threads=1"]) == 0
+
+
 # -- the Llama example on onnxruntime: fp32, fp16 with fusion, a perturbed attention -------------
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
