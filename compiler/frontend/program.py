@@ -27,8 +27,19 @@ _INVALID = re.compile(r"[^A-Za-z0-9_]")
 
 def program_to_graph(ep: ExportedProgram, model: torch.nn.Module) -> Graph:
     """Convert a (decomposed) ExportedProgram; raises one DayzeroError listing unsupported ops."""
-    model_name = type(model).__name__
-    graph = Graph(_INVALID.sub("_", model_name) or "main")
+    graph, converter = convert_program(ep, model)
+    if converter.missing:
+        raise unsupported_error(converter.missing, type(model).__name__)
+    graph.outputs = _outputs(ep, converter, graph)
+    graph.remove_unused_weights()  # e.g. buffers only a training path reads
+    verify(graph)
+    return graph
+
+
+def convert_program(ep: ExportedProgram, model: torch.nn.Module) -> tuple[Graph, FxConverter]:
+    """Inputs, weights and every node that converts, without outputs; the ops that do not
+    convert are collected in `converter.missing` (the partial export reports them all)."""
+    graph = Graph(_INVALID.sub("_", type(model).__name__) or "main")
     symbols = SymbolMap()
     fallback = module_location(model)
     converter = FxConverter(graph, symbols, fallback)
@@ -37,12 +48,7 @@ def program_to_graph(ep: ExportedProgram, model: torch.nn.Module) -> Graph:
     graph.symbols = symbols.ranges(ep.range_constraints)
     _add_inputs_and_weights(ep, placeholders, graph, symbols, converter.env, fallback)
     converter.run(ep.graph.nodes)
-    if converter.missing:
-        raise unsupported_error(converter.missing, model_name)
-    graph.outputs = _outputs(ep, converter, graph)
-    graph.remove_unused_weights()  # e.g. buffers only a training path reads
-    verify(graph)
-    return graph
+    return graph, converter
 
 
 def _user_input_vals(ep: ExportedProgram, placeholders):

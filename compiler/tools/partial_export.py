@@ -14,13 +14,11 @@ from dataclasses import dataclass
 
 import torch
 
-from compiler.frontend.convert import FxConverter
 from compiler.frontend.decompositions import decomposition_table
 from compiler.frontend.export import _check_arguments, _export_error, _trace
-from compiler.frontend.locations import Location, module_location
-from compiler.frontend.program import _INVALID, _add_inputs_and_weights, _declare_symbols
+from compiler.frontend.locations import Location
+from compiler.frontend.program import convert_program
 from compiler.frontend.runtime_checks import drop_data_checks
-from compiler.frontend.symbols import SymbolMap
 from compiler.ir import Graph
 
 
@@ -50,15 +48,7 @@ def export_partial(model: torch.nn.Module, example_inputs: tuple,
         raise _export_error("torch could not decompose the exported program of", model,
                             exc) from exc
     drop_data_checks(program)
-    graph = Graph(_INVALID.sub("_", type(model).__name__) or "main")
-    symbols = SymbolMap()
-    fallback = module_location(model)
-    converter = FxConverter(graph, symbols, fallback)
-    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
-    _declare_symbols(program, placeholders, symbols)
-    graph.symbols = symbols.ranges(program.range_constraints)
-    _add_inputs_and_weights(program, placeholders, graph, symbols, converter.env, fallback)
-    converter.run(program.graph.nodes)
+    graph, converter = convert_program(program, model)
     return PartialExport(graph, _missing(converter.missing))
 
 
