@@ -110,10 +110,7 @@ def gqa(b: Builder, node: Node, x: list) -> list:
     heads = node.attrs["num_heads"]
     size = query.shape[-1] // heads
     batch, seq = query.shape[0], query.shape[1]
-    total = b.memo(("gqa-total", seq), lambda: b.op1(
-        "Cast", [b.scalar_dim(seq)], to=ONNX_DTYPES[DType.i32]))
-    seqlens = b.memo(("gqa-seqlens", batch, seq), lambda: b.op1("Expand", [
-        b.op1("Cast", [b.dims([seq - 1])], to=ONNX_DTYPES[DType.i32]), b.dims([batch])]))
+    total, seqlens = b.memo(("gqa-lengths", batch, seq), lambda: _lengths(b, batch, seq))
     caches = [None, None]
     if cos is not None:
         caches = [_half_cache(b, table, name, seq, size)
@@ -128,6 +125,16 @@ def gqa(b: Builder, node: Node, x: list) -> list:
                 scale=float(1.0 / math.sqrt(size) if scale is None else scale),
                 do_rotary=int(cos is not None), rotary_interleaved=0)
     return [outs[0]]
+
+
+def _lengths(b: Builder, batch, seq) -> tuple[str, str]:
+    """GQA's `total_sequence_length` ([1] int32: the kernel takes a one-element vector) and
+    `seqlens_k` ([batch] int32, length - 1 for every row), in as few nodes as the sizes allow."""
+    total = b.op1("Cast", [b.dims([seq])], to=ONNX_DTYPES[DType.i32])
+    seqlens = b.op1("Add", [total, b.const(np.asarray([-1], dtype=np.int32), DType.i32)])
+    if batch != 1:
+        seqlens = b.op1("Expand", [seqlens, b.dims([batch])])
+    return total, seqlens
 
 
 def _packed_source(b: Builder, node: Node) -> str | None:
