@@ -187,7 +187,7 @@ def test_uncovered_op_runs_on_the_fallback(tmp_path):
                             dynamic_shapes=({2: steps},))
     listing = json.loads((path / "backend" / "kernels.json").read_text())
     assert [(s["backend"], s["nodes"]) for s in listing["segments"]] == \
-        [("onnxruntime", ["convolution"])]
+        [("onnxruntime", ["conv1d"])]
     assert listing["kernels"]  # the rest is generated kernels
     loaded = runtime.load(path)
     for length in (10, 5):

@@ -122,6 +122,8 @@ NN = {
     "conv": (lambda m, x: m[1](m[0](x)), (img,), torch.nn.Conv2d(4, 6, 3, stride=2, padding=1),
              torch.nn.Conv2d(6, 6, 3, groups=3, dilation=2, padding="same")),
     "conv1d": (lambda m, x: m[0](x), (torch.randn(2, 4, 11),), torch.nn.Conv1d(4, 3, 3)),
+    "conv_unbatched": (lambda m, x: m[0](x).flatten(1), (img[0],),
+                       torch.nn.Conv2d(4, 2, 3, padding=(1, 0), dilation=(1, 2))),
     "pooling": (lambda m, x: (F.max_pool2d(x, 3, 2, 1), F.avg_pool2d(x, 2, ceil_mode=True),
                               F.adaptive_avg_pool2d(x, (3, 1)), F.max_pool1d(x[0], 2),
                               F.avg_pool1d(x[0], 3, count_include_pad=False, padding=1)), (img,)),
@@ -173,6 +175,16 @@ CASES = {**ELEMENTWISE, **REDUCTIONS, **NN, **SHAPES}
 def test_op_family(name):
     fn, inputs, *modules = CASES[name]
     check(Fn(fn, *modules), inputs)
+
+
+def test_vision_stem_converts_without_torch_decompositions():
+    # conv2d and flatten come straight from torch.export's training IR: no run_decompositions
+    from compiler.frontend.decompositions import decompose
+
+    stem = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 4, stride=4), torch.nn.Flatten(2))
+    program = torch.export.export(stem.eval(), (torch.randn(1, 3, 16, 16),))
+    assert decompose(program) is program
+    check(stem, (torch.randn(1, 3, 16, 16),))
 
 
 def test_casts_inserted_where_torch_promotes():

@@ -116,6 +116,18 @@ def _per_dim(value, n: int) -> list:
 def _convolution(em: Emitter, a):
     if a["transposed"]:
         raise Unsupported("transposed convolution")
+    return _conv(em, a)
+
+
+# conv1d/2d/3d as torch.export's training IR records them (before decomposition to
+# `convolution`); an unbatched input gets its batch dim of 1 around the conv
+@converts("conv1d.default", "conv2d.default", "conv3d.default", ir="conv")
+def _conv_nd(em: Emitter, a):
+    n = a["weight"].type.rank - 2
+    return _batched(em, a["input"], n, lambda x: _conv(em, {**a, "input": x}))
+
+
+def _conv(em: Emitter, a):
     n = a["weight"].type.rank - 2
     return em.op("conv", a["input"], a["weight"], a["bias"], stride=_per_dim(a["stride"], n),
                  padding=_per_dim(a["padding"], n), dilation=_per_dim(a["dilation"], n),

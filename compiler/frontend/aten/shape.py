@@ -42,7 +42,7 @@ def _dropped(em: Emitter, a):
 # -- views ----------------------------------------------------------------------------------------
 @converts("view.default", "_unsafe_view.default", "reshape.default", "unsqueeze.default",
           "squeeze.default", "squeeze.dim", "squeeze.dims", "view_copy.default",
-          "unsqueeze_copy.default", "squeeze_copy.dims", ir="reshape")
+          "unsqueeze_copy.default", "squeeze_copy.dims", "flatten.using_ints", ir="reshape")
 def _reshape(em: Emitter, a):
     return em.op("reshape", a["self"], shape=em.out_shape())
 
