@@ -13,8 +13,8 @@ from pathlib import Path
 from ..config import options_from_assignments
 from ..errors import DayzeroError
 from ..log import StageLog
-from .compile import BACKEND_OPTION_HELP, _backend_option
-from .run import _session_setting
+from .compile import BACKEND_OPTION_HELP, backend_option
+from .run import session_setting
 
 
 def add_parser(sub) -> None:
@@ -29,10 +29,10 @@ def add_parser(sub) -> None:
                    help="backend for the nodes --backend does not support (as in compile)")
     p.add_argument("--config", metavar="FILE.yaml", help="compile config for a SPEC")
     p.add_argument("--passes", metavar="a,b,c", help="pass pipeline for a SPEC")
-    p.add_argument("--backend-option", action="append", default=[], type=_backend_option,
+    p.add_argument("--backend-option", action="append", default=[], type=backend_option,
                    dest="backend_options", metavar="[BACKEND:]KEY=VALUE",
                    help="for a SPEC, as in compile: " + BACKEND_OPTION_HELP)
-    p.add_argument("--session", action="append", default=[], type=_session_setting,
+    p.add_argument("--session", action="append", default=[], type=session_setting,
                    metavar="KEY=VALUE",
                    help="override a recorded onnxruntime session setting for this alignment, "
                         "as `dayzero run --session` (e.g. intra_op_threads=1)")

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..config import options_from_assignments
 from ..errors import DayzeroError
-from .run import _session_setting
+from .run import session_setting
 
 
 def add_parser(sub) -> None:
@@ -29,7 +29,7 @@ def add_parser(sub) -> None:
     p.add_argument("--warmup", type=int, default=5, metavar="N", help="untimed runs first")
     p.add_argument("--runs", type=int, default=50, metavar="N", help="timed runs")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.add_argument("--session", action="append", default=[], type=_session_setting,
+    p.add_argument("--session", action="append", default=[], type=session_setting,
                    metavar="KEY=VALUE",
                    help="override a recorded onnxruntime session setting for these runs, as "
                         "`dayzero run --session` (e.g. allow_spinning=true)")

@@ -30,7 +30,7 @@ def add_parser(sub) -> None:
                    help="backend for the nodes --backend does not support (e.g. --backend triton "
                         "--fallback onnxruntime)")
     p.add_argument("--config", metavar="FILE.yaml")
-    p.add_argument("--backend-option", action="append", default=[], type=_backend_option,
+    p.add_argument("--backend-option", action="append", default=[], type=backend_option,
                    dest="backend_options", metavar="[BACKEND:]KEY=VALUE",
                    help=BACKEND_OPTION_HELP)
     p.add_argument("--dump-ir", metavar="DIR", help="write the IR after every pass into DIR")
@@ -76,7 +76,7 @@ def _seq_range(text: str | None) -> tuple[int, int] | None:
     return parse_seq_range(text)
 
 
-def _backend_option(text: str) -> OptionAssignment:
+def backend_option(text: str) -> OptionAssignment:
     """argparse type: a bad `--backend-option` is a usage error (exit 2) with one message."""
     try:
         return parse_assignment(text)

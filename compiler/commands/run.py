@@ -24,7 +24,7 @@ def add_parser(sub) -> None:
                    "the artifact's world size); torchrun runs it on several machines")
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                    help="how long a collective waits for the other ranks (default 300)")
-    p.add_argument("--session", action="append", default=[], type=_session_setting,
+    p.add_argument("--session", action="append", default=[], type=session_setting,
                    metavar="KEY=VALUE",
                    help="override a recorded onnxruntime session setting for this run "
                         "(repeatable; VALUE is YAML), e.g. --session allow_spinning=false "
@@ -77,7 +77,7 @@ def _load(args):
                          timeout=args.timeout or DEFAULT_TIMEOUT)
 
 
-def _session_setting(text: str) -> OptionAssignment:
+def session_setting(text: str) -> OptionAssignment:
     """argparse type: a bad `--session` is a usage error (exit 2) with one message."""
     try:
         return parse_assignment(text, prefixed=False)
