@@ -27,6 +27,7 @@ class CompiledModel:
         self.input_specs: list[TensorSpec] = specs_from_manifest(artifact.manifest, "inputs")
         self.output_specs: list[TensorSpec] = specs_from_manifest(artifact.manifest, "outputs")
         self.backend = _backend_for(artifact)
+        self._output_dtypes = [_numpy_dtype(spec.dtype) for spec in self.output_specs]
         self._executable = _load_executable(self.backend, artifact, session)
 
     @property
@@ -62,8 +63,8 @@ class CompiledModel:
         if len(outputs) != len(self.output_specs):
             raise RuntimeError(f"backend {self.backend.name} returned {len(outputs)} outputs, "
                                f"the model has {len(self.output_specs)}")
-        for spec, out in zip(self.output_specs, outputs):
-            if out.dtype != _numpy_dtype(spec.dtype):
+        for spec, out, dtype in zip(self.output_specs, outputs, self._output_dtypes):
+            if out.dtype != dtype:
                 raise RuntimeError(f"backend {self.backend.name} returned {out.dtype} for output "
                                    f"'{spec.name}', which is {spec.dtype}")
 

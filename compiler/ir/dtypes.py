@@ -7,6 +7,7 @@ do not depend on torch; conversions to torch and numpy dtypes are looked up lazi
 from __future__ import annotations
 
 import enum
+import functools
 
 
 class DType(enum.Enum):
@@ -66,14 +67,17 @@ class DType(enum.Enum):
     def from_numpy(cls, dtype) -> DType:
         import numpy as np
 
-        name = np.dtype(dtype).name
-        for ours, theirs in _NUMPY_NAMES.items():
-            if theirs == name:
-                return ours
-        for ours, theirs in _ML_DTYPES_NAMES.items():
-            if theirs == name:
-                return ours
-        raise TypeError(f"numpy dtype {name} has no IR equivalent")
+        return _from_numpy_dtype(np.dtype(dtype))
+
+
+@functools.cache
+def _from_numpy_dtype(dtype) -> DType:
+    """Memoised: the runtime checks every input's dtype on every call."""
+    name = dtype.name
+    for ours, theirs in (*_NUMPY_NAMES.items(), *_ML_DTYPES_NAMES.items()):
+        if theirs == name:
+            return ours
+    raise TypeError(f"numpy dtype {name} has no IR equivalent")
 
 
 _FLOATS = {DType.f64, DType.f32, DType.f16, DType.bf16, DType.f8e4m3, DType.f8e5m2}
