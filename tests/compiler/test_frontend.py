@@ -124,6 +124,10 @@ NN = {
     "conv1d": (lambda m, x: m[0](x), (torch.randn(2, 4, 11),), torch.nn.Conv1d(4, 3, 3)),
     "conv_unbatched": (lambda m, x: m[0](x).flatten(1), (img[0],),
                        torch.nn.Conv2d(4, 2, 3, padding=(1, 0), dilation=(1, 2))),
+    "conv_padding_modes": (lambda m, x: (m[0](x), m[1](x), m[2](x[0])), (img,),
+                           torch.nn.Conv2d(4, 3, (4, 3), padding="same", dilation=(1, 2)),
+                           torch.nn.Conv2d(4, 2, 2, padding="valid"),
+                           torch.nn.Conv2d(4, 2, 2, padding="same")),
     "pooling": (lambda m, x: (F.max_pool2d(x, 3, 2, 1), F.avg_pool2d(x, 2, ceil_mode=True),
                               F.adaptive_avg_pool2d(x, (3, 1)), F.max_pool1d(x[0], 2),
                               F.avg_pool1d(x[0], 3, count_include_pad=False, padding=1)), (img,)),
@@ -181,7 +185,8 @@ def test_vision_stem_converts_without_torch_decompositions():
     # conv2d and flatten come straight from torch.export's training IR: no run_decompositions
     from compiler.frontend.decompositions import decompose
 
-    stem = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 4, stride=4), torch.nn.Flatten(2))
+    stem = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 4, stride=4), torch.nn.Flatten(2),
+                               torch.nn.Conv1d(8, 8, 2, padding="same"))
     program = torch.export.export(stem.eval(), (torch.randn(1, 3, 16, 16),))
     assert decompose(program) is program
     check(stem, (torch.randn(1, 3, 16, 16),))

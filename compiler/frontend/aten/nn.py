@@ -127,6 +127,34 @@ def _conv_nd(em: Emitter, a):
     return _batched(em, a["input"], n, lambda x: _conv(em, {**a, "input": x}))
 
 
+@converts("conv1d.padding", "conv2d.padding", "conv3d.padding", ir="conv")
+def _conv_padding_mode(em: Emitter, a):
+    """padding="valid" or "same", as torch computes it: `same` pads d*(k-1) in all, half on
+    each side, and the odd element on the right (a `pad` in front of the conv)."""
+    n = a["weight"].type.rank - 2
+    kernel = a["weight"].type.shape[2:]
+    if not all(isinstance(k, int) for k in kernel):
+        raise Unsupported("a convolution whose kernel size is symbolic")
+    dilation = _per_dim(a["dilation"], n)
+    if a["padding"] == "valid":
+        total = [0] * n
+    elif a["padding"] == "same":
+        if any(s != 1 for s in _per_dim(a["stride"], n)):
+            raise Unsupported("padding='same' with a stride other than 1")
+        total = [d * (k - 1) for d, k in zip(dilation, kernel)]
+    else:
+        raise Unsupported(f"convolution padding {a['padding']!r}")
+    left = [t // 2 for t in total]
+    extra = [t - 2 * lo for t, lo in zip(total, left)]
+
+    def build(x):
+        if any(extra):  # torch's pad list runs from the last dim: (left, right) pairs
+            pads = [p for e in reversed(extra) for p in (0, e)]
+            x = em.op("pad", x, pads=pads, value=0.0 if x.dtype.is_float else 0)
+        return _conv(em, {**a, "input": x, "padding": left})
+    return _batched(em, a["input"], n, build)
+
+
 def _conv(em: Emitter, a):
     n = a["weight"].type.rank - 2
     return em.op("conv", a["input"], a["weight"], a["bias"], stride=_per_dim(a["stride"], n),
