@@ -35,6 +35,9 @@ def export(model: torch.nn.Module, example_inputs: tuple, dynamic_shapes=None) -
     """Trace `model` on `example_inputs` and return its IR Graph with weights attached."""
     _check_arguments(model, example_inputs)
     program = _trace(model, tuple(example_inputs), dynamic_shapes)
+    # the checks first: a data check alone (LLaVA's image-token count) would otherwise send an
+    # all-converted program through torch's decompositions; again after, for any they add
+    drop_data_checks(program)
     try:
         program = decompose(program)
     except Exception as exc:  # torch's decompositions may raise anything
