@@ -153,7 +153,9 @@ def run_alignment(target: AlignTarget, inputs: Sequence[np.ndarray], atol: float
     validate_inputs(target.input_specs, arrays)
     backend = backends.get(target.artifact.backend)
     names = [v.name for node in target.compiled.nodes for v in node.outputs]
-    observer = _with_session(backend.observe, backend.name, session)(target.artifact, names)
+    observer = None
+    if not session or _takes_session(backend.observe):  # else: outputs only, from `load`
+        observer = _with_session(backend.observe, backend.name, session)(target.artifact, names)
     outputs_only = observer is None
     if outputs_only:
         executable = _with_session(backend.load, backend.name, session)(target.artifact)
@@ -171,10 +173,14 @@ def _with_session(method, backend: str, session: Mapping[str, Any] | None):
     that takes them; without overrides, the method as it is."""
     if not session:
         return method
-    if "session" not in inspect.signature(method).parameters:
+    if not _takes_session(method):
         raise DayzeroError(f"backend '{backend}' has no session settings to override",
                            "--session", "align without --session")
     return functools.partial(method, session=session)
+
+
+def _takes_session(method) -> bool:
+    return "session" in inspect.signature(method).parameters
 
 
 def eager_difference(module, inputs: Sequence[np.ndarray],

@@ -148,6 +148,15 @@ def test_session_and_backend_option_errors_name_the_setting(tmp_path, capsys):
     assert main(["align", str(out), "--session", "intra_op_threads=1"]) == 0
 
 
+def test_session_settings_reach_a_backend_that_only_loads_with_them(capsys):
+    # triton takes session settings in `load` (for its onnxruntime segments) and has no
+    # `observe`: the alignment compares outputs only, with the settings applied
+    assert main(["align", TINY, "--backend", "triton", "--session", "intra_op_threads=1",
+                 "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] and report["outputs_only"]
+
+
 # -- the Llama example on onnxruntime: fp32, fp16 with fusion, a perturbed attention -------------
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
