@@ -30,7 +30,7 @@ def test_every_round_times_every_peer_in_one_block(peers):
     idle = peers.Peer("unavailable", note="no onnxscript")
     peers.time_interleaved([a, b, idle], repeat=10, block=5, warmup=2, pause_s=0.0)
     assert len(a.times) == len(b.times) == 10 and not idle.times
-    assert len(a.rounds) == len(b.rounds) == 2
+    assert len(a.rounds) == len(b.rounds) == 2 and len(a.cpu_times) == 2  # one per block
     assert calls.count("a") == calls.count("b") == 14  # 2 rounds x (2 warm-up + 5 timed)
     # a block is contiguous: a peer's calls are never interleaved with another's inside a round
     runs = [calls[i] for i in range(len(calls)) if i == 0 or calls[i] != calls[i - 1]]
