@@ -21,6 +21,8 @@ from backends.base import ArtifactView, Backend, Capabilities, WeightLocation
 from compiler.errors import DayzeroError
 
 from .inspection import RECORD, format_node_map, node_map, read_record
+from .native_ops import DOMAIN as NATIVE_DOMAIN
+from .native_ops import LIBRARY
 from .session import LoadAverage, SessionConfig, one_minute_load
 
 if TYPE_CHECKING:
@@ -151,11 +153,18 @@ def _check_kernels(record: Mapping[str, Any], artifact: ArtifactView) -> None:
     used = {op for entry in record.get("nodes", ()) for op in entry["onnx"] if "." in op}
     kernels = installed_kernels()
     missing = sorted(op for op in used if not kernels.has_op(op))
-    if missing and len(kernels):
-        raise DayzeroError(f"this onnxruntime build has no {', '.join(missing)} kernel(s), which "
-                           "the artifact uses", str(artifact.root),
-                           "recompile with the backend option "
-                           f'{{"exclude_kernels": {json.dumps(missing)}}} for this build')
+    if not missing or not len(kernels):
+        return
+    native = [op for op in missing if op.startswith(NATIVE_DOMAIN + ".")]
+    hint = ("recompile with the backend option "
+            f'{{"exclude_kernels": {json.dumps(missing)}}} for this build')
+    if native:
+        raise DayzeroError(f"the artifact uses dayzero's native kernel(s) {', '.join(native)}, "
+                           "whose library is not built in this installation", str(artifact.root),
+                           "reinstall dayzero where a C++17 compiler is available "
+                           f"(pip install -e . builds {LIBRARY}), or {hint}")
+    raise DayzeroError(f"this onnxruntime build has no {', '.join(missing)} kernel(s), which "
+                       "the artifact uses", str(artifact.root), hint)
 
 
 def _ort_version() -> str:

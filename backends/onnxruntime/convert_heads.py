@@ -1,4 +1,4 @@
-"""multi_head_attention on ONNX Runtime's GroupQueryAttention kernel.
+"""multi_head_attention on dayzero's CausalAttention or ONNX Runtime's GroupQueryAttention kernel.
 
 GroupQueryAttention (com.microsoft) takes the [batch, seq, heads * head_size] projections as the
 linears produce them, shares each KV head among its group of query heads without repeating it,
@@ -12,6 +12,9 @@ with rotary, when ORT's half-width cos/sin cache can be cut from the graph's tab
 position shared by every batch and head, whose two halves are provably equal (transformers build
 them as cos(concat(freqs, freqs))). The kernel reads cache row i for token i, and row i of the
 graph's own table is what token i was rotated with, so positions need not be 0..S-1.
+dayzero's own `ai.dayzero.CausalAttention` (see native_ops) takes the same operands and fits
+the same nodes (any head size, float32 only); it is preferred where built, since it skips the
+masked half of the score matrix that GQA computes.
 Otherwise, without rotary, MultiHeadAttention takes the same [b, s, h * d] projections (KV heads
 repeated in that layout when fewer), with any mask as its attention_bias: the encoders' case
 (BERT's padding mask, ViT). Anything else lowers through the op's decomposition.
@@ -28,6 +31,7 @@ from compiler.ir.symbolic import equal
 
 from .builder import ONNX_DTYPES, Builder
 from .convert_attention import attention_bias, mask_terms
+from .native_ops import DOMAIN as NATIVE_DOMAIN
 from .position_tables import precomputed_table
 
 MS = "com.microsoft"
@@ -38,22 +42,36 @@ _ROW_PRESERVING_KINDS = frozenset({"elementwise"})
 _ROW_PRESERVING_VIEWS = frozenset({"reshape", "expand", "permute", "slice", "select", "cast"})
 
 
-def gqa_fits(node: Node) -> str | None:
-    """None when GroupQueryAttention computes this node exactly, else why not."""
+def _prompt_misfit(node: Node, kernel: str) -> str | None:
+    """None when `node` is a causal prompt without past or extra mask whose rotary tables (if
+    any) can be cut to a half cache: what GQA and CausalAttention both compute."""
     q, k, _, cos, sin, mask = node.inputs
     if not node.attrs["is_causal"] or mask is not None:
-        return "GroupQueryAttention is causal attention without an extra mask"
+        return f"{kernel} is causal attention without an extra mask"
     if not equal(q.shape[1], k.shape[1]):
-        return "query and key lengths may differ (GQA's prompt case has no past)"
-    if q.dtype not in (DType.f32, DType.f16):
-        return "GroupQueryAttention runs float32 and float16"
-    if (q.shape[-1] // node.attrs["num_heads"]) % 16:
-        return "ORT's GroupQueryAttention CPU kernel needs a head size that is a multiple of 16"
+        return f"query and key lengths may differ ({kernel} takes a prompt without past)"
     for table in (cos, sin):
         why = table is not None and _table_misfit(node, table)
         if why:
             return why
     return None
+
+
+def causal_fits(node: Node) -> str | None:
+    """None when dayzero's CausalAttention kernel computes this node exactly, else why not."""
+    if node.inputs[0].dtype != DType.f32:
+        return "CausalAttention runs float32"
+    return _prompt_misfit(node, "CausalAttention")
+
+
+def gqa_fits(node: Node) -> str | None:
+    """None when GroupQueryAttention computes this node exactly, else why not."""
+    q = node.inputs[0]
+    if q.dtype not in (DType.f32, DType.f16):
+        return "GroupQueryAttention runs float32 and float16"
+    if (q.shape[-1] // node.attrs["num_heads"]) % 16:
+        return "ORT's GroupQueryAttention CPU kernel needs a head size that is a multiple of 16"
+    return _prompt_misfit(node, "GroupQueryAttention")
 
 
 def _table_misfit(node: Node, table: Value) -> str | None:
@@ -103,14 +121,13 @@ def _keeps_last_dim(node: Node) -> bool:
     return True
 
 
-def gqa(b: Builder, node: Node, x: list) -> list:
-    """com.microsoft.GroupQueryAttention for the prompt: causal, no past, maybe rotary."""
+def _prompt_operands(b: Builder, node: Node, x: list) -> tuple[list, dict]:
+    """Inputs [q, k, v, cos_cache, sin_cache] (k and v None when q is the packed projection) and
+    the head attributes, as GroupQueryAttention and CausalAttention both take them."""
     q, k, v, cos, sin, _ = x
-    query = node.inputs[0]
     heads = node.attrs["num_heads"]
-    size = query.shape[-1] // heads
-    batch, seq = query.shape[0], query.shape[1]
-    total, seqlens = b.memo(("gqa-lengths", batch, seq), lambda: _lengths(b, batch, seq))
+    size = node.inputs[0].shape[-1] // heads
+    seq = node.inputs[0].shape[1]
     caches = [None, None]
     if cos is not None:
         caches = [_half_cache(b, table, name, seq, size)
@@ -119,11 +136,26 @@ def gqa(b: Builder, node: Node, x: list) -> list:
     if packed is not None:  # q, k, v are consecutive slices of one projection: read it whole
         q, k, v = packed, None, None
     scale = node.attrs["scale"]
+    attrs = dict(num_heads=heads, kv_num_heads=node.attrs["kv_num_heads"],
+                 scale=float(1.0 / math.sqrt(size) if scale is None else scale),
+                 rotary_interleaved=0)
+    return [q, k, v, *caches], attrs
+
+
+def causal_attention(b: Builder, node: Node, x: list) -> list:
+    """ai.dayzero.CausalAttention: GQA's operands without the length inputs."""
+    inputs, attrs = _prompt_operands(b, node, x)
+    return [b.op1("CausalAttention", inputs, domain=NATIVE_DOMAIN, **attrs)]
+
+
+def gqa(b: Builder, node: Node, x: list) -> list:
+    """com.microsoft.GroupQueryAttention for the prompt: causal, no past, maybe rotary."""
+    (q, k, v, *caches), attrs = _prompt_operands(b, node, x)
+    query = node.inputs[0]
+    total, seqlens = b.memo(("gqa-lengths", query.shape[0], query.shape[1]),
+                            lambda: _lengths(b, query.shape[0], query.shape[1]))
     outs = b.op("GroupQueryAttention", [q, k, v, None, None, seqlens, total, *caches], 3,
-                domain=MS, unused=(1, 2), num_heads=heads,
-                kv_num_heads=node.attrs["kv_num_heads"],
-                scale=float(1.0 / math.sqrt(size) if scale is None else scale),
-                do_rotary=int(cos is not None), rotary_interleaved=0)
+                domain=MS, unused=(1, 2), do_rotary=int(caches[0] is not None), **attrs)
     return [outs[0]]
 
 

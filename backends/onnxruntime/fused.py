@@ -9,8 +9,9 @@ the final fallback and always works.
 
 Listed: linear (FusedMatMul, no reshapes), gelu (Gelu / FastGelu), silu (QuickGelu), the residual
 norms (SkipSimplifiedLayerNormalization / SkipLayerNormalization), attention
-(MultiHeadAttention) and the whole attention block with rotary (GroupQueryAttention, see
-convert_heads), and int4/int8 weights (MatMulNBits). Not listed, and why:
+(MultiHeadAttention) and the whole attention block with rotary (dayzero's own CausalAttention
+where its library is built, else GroupQueryAttention, see convert_heads and native_ops), and
+int4/int8 weights (MatMulNBits). Not listed, and why:
 - rms_norm: ORT's SimplifiedLayerNormalization kernel lives in the ONNX domain without being an
   ONNX op, so the checker rejects it; the standard form is emitted in the exact pattern ORT's
   optimizer fuses into that kernel at load time (see convert_nn.rms_norm).
@@ -31,6 +32,7 @@ from .convert_attention import mha, mha_fits
 from .convert_elementwise import Converter, in_dtype
 from .convert_fused import add_layer_norm, add_rms_norm, matmul_nbits, skip_norm_fits
 from .convert_nn import linear_fused_matmul
+from .native_ops import DOMAIN as NATIVE_DOMAIN
 from .probe import Kernel, KernelSet
 
 MS = "com.microsoft"
@@ -109,6 +111,8 @@ VARIANTS: dict[str, tuple[Variant, ...]] = {
                 matmul_nbits),
     ),
     "multi_head_attention": (
+        Variant("ai.dayzero.CausalAttention", (Kernel(NATIVE_DOMAIN, "CausalAttention"),),
+                heads.causal_fits, heads.causal_attention),
         Variant("com.microsoft.GroupQueryAttention", (Kernel(MS, "GroupQueryAttention"),),
                 heads.gqa_fits, heads.gqa),
         Variant("com.microsoft.MultiHeadAttention", (Kernel(MS, "MultiHeadAttention"),),

@@ -54,7 +54,10 @@ class KernelSet:
 
 @functools.lru_cache(maxsize=1)
 def installed_kernels() -> KernelSet:
-    """The CPU kernels of the installed onnxruntime (empty when the build cannot list them)."""
+    """The CPU kernels of the installed onnxruntime (empty when the build cannot list them),
+    plus dayzero's own (`native_ops`) when their library is built and loads."""
+    from .native_ops import kernels as native_kernels
+
     try:
         from onnxruntime.capi import _pybind_state as C
 
@@ -68,4 +71,4 @@ def installed_kernels() -> KernelSet:
         for types in d.type_constraints.values():
             for t in types:
                 entries.add((d.domain, d.op_name, t.removeprefix("tensor(").removesuffix(")")))
-    return KernelSet(entries)
+    return KernelSet(entries | set(native_kernels()))

@@ -188,6 +188,8 @@ def session_options(config: SessionConfig | ResolvedSession,
     """
     import onnxruntime as ort
 
+    from .native_ops import register
+
     settings = config if isinstance(config, ResolvedSession) else config.resolve()
     chosen = settings.config
     levels = {"disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -207,6 +209,7 @@ def session_options(config: SessionConfig | ResolvedSession,
     so.log_severity_level = 3  # errors only: ORT's warnings are about its own fusions
     if external_folder is not None:
         so.add_session_config_entry(EXTERNAL_FOLDER_KEY, str(Path(external_folder).resolve()))
+    register(so)  # dayzero's own kernels (ai.dayzero), when built
     return so
 
 

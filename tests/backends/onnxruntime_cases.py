@@ -239,8 +239,9 @@ def _rotary(g):
 def _multi_head(rotary: bool, causal: bool, size: int = 16,
                 mask_type: TensorType | None = None):
     """Attention on [b, s, h*d] projections: 4 query heads, 2 KV heads of `size`. The rotary
-    tables are cos/sin of concat(f, f) (equal halves), so the causal form with a head size that
-    is a multiple of 16 fits GroupQueryAttention; the others run the decomposition."""
+    tables are cos/sin of concat(f, f) (equal halves), so the causal form fits dayzero's
+    CausalAttention (and GroupQueryAttention when the head size is a multiple of 16); the others
+    run the decomposition."""
     def build(g):
         q = g.add_input("q", t(F, 2, S, 4 * size))
         k, v = g.add_input("k", t(F, 2, S, 2 * size)), g.add_input("v", t(F, 2, S, 2 * size))

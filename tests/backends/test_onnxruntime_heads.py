@@ -1,7 +1,10 @@
-"""multi_head_attention on ONNX Runtime: GroupQueryAttention when it fits, the decomposition
-otherwise, and the equal-halves proof that lets the rotary tables become ORT's half cache."""
+"""multi_head_attention on ONNX Runtime: dayzero's CausalAttention, else GroupQueryAttention,
+when they fit, the decomposition otherwise, and the equal-halves proof that lets the rotary
+tables become the kernels' half cache."""
 
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 import pytest
@@ -17,6 +20,7 @@ from tests.backends.onnxruntime_util import compile_graph, load
 
 GQA = "com.microsoft.GroupQueryAttention"
 MHA = "com.microsoft.MultiHeadAttention"
+CAUSAL = "ai.dayzero.CausalAttention"
 
 
 def _graph(case: str) -> Graph:
@@ -33,39 +37,48 @@ def _inputs(g: Graph, seq: int, seed: int = 0) -> list[np.ndarray]:
             else rng.random(shape) > 0.3 for v, shape in zip(g.inputs, shapes)]
 
 
-@pytest.mark.parametrize("case, lowering", [
-    ("multi_head_attention_gqa", GQA),
-    ("multi_head_attention_plain_gqa", GQA),
-    ("multi_head_attention_size8", None),   # ORT's CPU kernel needs head sizes of 16k
-    ("multi_head_attention_masked", None),  # GQA is causal only, MHA has no rotary
-    ("multi_head_attention_bool_mask", MHA),  # KV heads repeated in [b, s, h*d]
-    ("multi_head_attention_padding", MHA),    # BERT's additive padding mask
+@pytest.mark.parametrize("case, lowering, without", [
+    ("multi_head_attention_gqa", CAUSAL, None),
+    ("multi_head_attention_gqa", GQA, CAUSAL),
+    ("multi_head_attention_plain_gqa", CAUSAL, None),
+    ("multi_head_attention_plain_gqa", GQA, CAUSAL),
+    ("multi_head_attention_size8", CAUSAL, None),  # any head size
+    ("multi_head_attention_size8", None, CAUSAL),  # ORT's GQA needs head sizes of 16k
+    ("multi_head_attention_masked", None, None),   # both are causal only, MHA has no rotary
+    ("multi_head_attention_bool_mask", MHA, None),  # KV heads repeated in [b, s, h*d]
+    ("multi_head_attention_padding", MHA, None),    # BERT's additive padding mask
 ])
-def test_lowering_choice_and_values(case, lowering, tmp_path):
+def test_lowering_choice_and_values(case, lowering, without, tmp_path):
     g = _graph(case)
-    lowered = lower_graph(g, {})
+    options = {"exclude_kernels": [without]} if without else {}
+    kernels = installed_kernels().without([without] if without else [])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ContribFallbackWarning)  # for the excluded kernel
+        lowered = lower_graph(g, {}, kernels)
+        path = compile_graph(g, tmp_path / "m.dz", options)
     assert lowered.variants() == ({lowering: 1} if lowering else {})
     ops = {n.op_type for n in lowered.model.graph.node}
     if lowering:  # the whole block is one kernel: no head transposes, no rotary ops
         assert "Transpose" not in ops and "Neg" not in ops
-    path = compile_graph(g, tmp_path / "m.dz")
     run = load(path)
-    for seq in (5, 12):
+    for seq in (5, 12, 33):
         x = _inputs(g, seq)
         want = run_graph(g, {}, x)[0].numpy()
         np.testing.assert_allclose(run(x)[0], want, rtol=1e-5, atol=1e-5)
 
 
-def test_missing_gqa_kernel_falls_back_with_a_warning(tmp_path):
+def test_missing_attention_kernels_fall_back_with_a_warning(tmp_path):
     g = _graph("multi_head_attention_gqa")
-    kernels = installed_kernels().without([GQA])
-    with pytest.warns(ContribFallbackWarning, match="GroupQueryAttention"):
+    kernels = installed_kernels().without([CAUSAL, GQA])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         lowered = lower_graph(g, {}, kernels)
-    assert GQA not in lowered.variants()
+        path = compile_graph(g, tmp_path / "m.dz", {"exclude_kernels": [CAUSAL, GQA]})
+    said = [str(w.message) for w in caught if w.category is ContribFallbackWarning]
+    assert [m.split()[0] for m in said] == [CAUSAL, GQA] * 2  # each named, in preference order
+    assert lowered.variants() == {}
     ops = {n.op_type for n in lowered.model.graph.node}
     assert "MultiHeadAttention" in ops and "GroupQueryAttention" not in ops  # the decomposition
-    with pytest.warns(ContribFallbackWarning, match="GroupQueryAttention"):
-        path = compile_graph(g, tmp_path / "m.dz", {"exclude_kernels": [GQA]})
     x = _inputs(g, 6)
     np.testing.assert_allclose(load(path)(x)[0], run_graph(g, {}, x)[0].numpy(), rtol=1e-5,
                                atol=1e-5)
@@ -124,21 +137,26 @@ graph packed {
 
 
 @pytest.mark.parametrize("swap", [False, True])
-def test_packed_projection_is_read_whole(swap, tmp_path):
-    """q, k, v cut from one projection in [q | k | v] order: GQA takes the projection packed and
-    the slices are not run (inspect shows them lowered to nothing); k and v swapped: unpacked."""
+@pytest.mark.parametrize("kernel", [CAUSAL, GQA])
+def test_packed_projection_is_read_whole(swap, kernel, tmp_path):
+    """q, k, v cut from one projection in [q | k | v] order: the kernel takes the projection
+    packed and the slices are not run (inspect shows them lowered to nothing); k and v swapped:
+    unpacked."""
     k, v = ("64, end=96", "96, end=128")[::-1 if swap else 1]
     g = parse_ir(PACKED.replace("start=K", f"start={k}").replace("start=V", f"start={v}"))
-    lowered = lower_graph(g, {})
-    (gqa,) = [n for n in lowered.model.graph.node if n.op_type == "GroupQueryAttention"]
+    other = GQA if kernel == CAUSAL else CAUSAL
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ContribFallbackWarning)
+        lowered = lower_graph(g, {}, installed_kernels().without([other]))
+        path = compile_graph(g, tmp_path / "m.dz", {"exclude_kernels": [other]})
+    (node,) = [n for n in lowered.model.graph.node if n.op_type == kernel.split(".")[-1]]
     ops = {n.op_type for n in lowered.model.graph.node}
     if swap:
-        assert list(gqa.input[:3]) == ["q", "k", "v"] and "Slice" in ops
+        assert list(node.input[:3]) == ["q", "k", "v"] and "Slice" in ops
     else:
-        assert gqa.input[0] == "qkv" and list(gqa.input[1:3]) == ["", ""]
+        assert node.input[0] == "qkv" and not any(node.input[1:3])  # k, v absent
         assert "Slice" not in ops and "Split" not in ops
         assert [entry["onnx"] for entry in lowered.nodes[:3]] == [[], [], []]
-    path = compile_graph(g, tmp_path / "m.dz")
     x = _inputs(g, 7)
     np.testing.assert_allclose(load(path)(x)[0], run_graph(g, {}, x)[0].numpy(), rtol=1e-5,
                                atol=1e-5)
@@ -149,8 +167,8 @@ def test_warning_says_whether_a_kernel_was_excluded_or_is_missing():
 
     g = _graph("multi_head_attention_gqa")
     installed = installed_kernels()
-    with pytest.warns(ContribFallbackWarning, match="GroupQueryAttention is excluded"):
-        lower_graph(g, {}, installed.without([GQA]))
-    build = KernelSet(k for k in installed._kernels if k[1] != "GroupQueryAttention")
+    with pytest.warns(ContribFallbackWarning, match="CausalAttention is excluded"):
+        lower_graph(g, {}, installed.without([CAUSAL]))
+    build = KernelSet(k for k in installed._kernels if k[1] != "CausalAttention")
     with pytest.warns(ContribFallbackWarning, match="kernel is missing from this onnxruntime"):
         lower_graph(g, {}, build)

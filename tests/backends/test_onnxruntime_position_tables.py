@@ -85,7 +85,7 @@ def test_llama_rotary_tables_become_constants(tmp_path):
     path = compiler.compile(model, inputs, out=tmp_path / "m.dz", dynamic_shapes=dynamic)
     graph = onnx.load(str(path / "backend" / "model.onnx"), load_external_data=False).graph
     ops = {n.op_type for n in graph.node}
-    assert "GroupQueryAttention" in ops and not ops & {"Cos", "Sin", "Range"}
+    assert "CausalAttention" in ops and not ops & {"Cos", "Sin", "Range"}
     loaded = runtime.load(path)
     vocab = int(inputs[0].max()) + 1
     for seq in (3, 17, llama.MAX_SEQ):  # the longest reads the table's last row

@@ -1,0 +1,230 @@
+// dayzero's ONNX Runtime custom-op library: domain "ai.dayzero", op CausalAttention.
+//
+// CausalAttention(query, key?, value?, cos_cache?, sin_cache?) -> output
+//   query  [batch, seq, num_heads * head_size], or [batch, seq, (num_heads + 2 * kv_num_heads)
+//          * head_size] holding q, k and v side by side when key and value are absent;
+//   key, value  [batch, seq, kv_num_heads * head_size];
+//   cos_cache, sin_cache  [positions, rotary_dim / 2]: row i rotates token i (rotary_interleaved
+//          picks pairs (2i, 2i + 1) instead of halves);
+//   output [batch, seq, num_heads * head_size].
+// Attributes num_heads, kv_num_heads (required), scale (default 1 / sqrt(head_size)),
+// rotary_interleaved (default 0). Causal, float32, no past: a prompt's self-attention, with the
+// inputs and attributes of com.microsoft.GroupQueryAttention minus its length inputs.
+//
+// ONNX Runtime loads the library with SessionOptions.register_custom_ops_library; it calls
+// RegisterCustomOps below with the runtime's API base.
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "causal_attention.h"
+#include "ort_abi.h"
+
+namespace {
+
+constexpr const char* kDomain = "ai.dayzero";
+constexpr size_t kInputs = 5;
+
+struct Kernel {
+  const ort::Api* api;
+  int64_t num_heads = 0, kv_heads = 0, interleaved = 0;
+  float scale = 0.0f;  // 0: 1 / sqrt(head_size)
+};
+
+ort::Status* Error(const ort::Api* api, const std::string& message) {
+  return api->CreateStatus(ort::kInvalidArgument, ("CausalAttention: " + message).c_str());
+}
+
+// The attribute's value, or `fallback` when the node does not set it.
+template <typename T, typename Get>
+T Attribute(const ort::Api* api, Get get, const ort::KernelInfo* info, const char* name,
+            T fallback) {
+  T value{};
+  if (ort::Status* status = (api->*get)(info, name, &value)) {
+    api->ReleaseStatus(status);
+    return fallback;
+  }
+  return value;
+}
+
+ort::Status* CreateKernel(const ort::CustomOp*, const ort::Api* api, const ort::KernelInfo* info,
+                          void** out) {
+  auto* kernel = new Kernel{api};
+  kernel->num_heads = Attribute<int64_t>(api, &ort::Api::KernelInfoGetAttributeInt64, info,
+                                         "num_heads", 0);
+  kernel->kv_heads = Attribute<int64_t>(api, &ort::Api::KernelInfoGetAttributeInt64, info,
+                                        "kv_num_heads", 0);
+  kernel->interleaved = Attribute<int64_t>(api, &ort::Api::KernelInfoGetAttributeInt64, info,
+                                           "rotary_interleaved", 0);
+  kernel->scale = Attribute<float>(api, &ort::Api::KernelInfoGetAttributeFloat, info, "scale",
+                                   0.0f);
+  if (kernel->num_heads <= 0 || kernel->kv_heads <= 0 ||
+      kernel->num_heads % kernel->kv_heads != 0) {
+    delete kernel;
+    return Error(api, "num_heads and kv_num_heads must be positive, num_heads a multiple of "
+                      "kv_num_heads");
+  }
+  *out = kernel;
+  return nullptr;
+}
+
+// An input's float32 data and dimensions; data stays null for an absent optional input.
+struct Tensor {
+  const float* data = nullptr;
+  int64_t dims[4] = {0, 0, 0, 0};
+  size_t rank = 0;
+};
+
+ort::Status* ReadInput(const ort::Api* api, ort::KernelContext* context, size_t index,
+                       Tensor* out) {
+  const ort::Value* value = nullptr;
+  if (ort::Status* status = api->KernelContextGetInput(context, index, &value)) return status;
+  if (value == nullptr) return nullptr;
+  ort::TensorTypeAndShapeInfo* info = nullptr;
+  if (ort::Status* status = api->GetTensorTypeAndShape(value, &info)) return status;
+  ort::ElementType type = ort::kUndefined;
+  ort::Status* status = api->GetTensorElementType(info, &type);
+  if (!status) status = api->GetDimensionsCount(info, &out->rank);
+  if (!status && (out->rank < 2 || out->rank > 3)) {
+    status = Error(api, "input " + std::to_string(index) + " has rank " +
+                            std::to_string(out->rank) + "; expected 2 or 3");
+  }
+  if (!status) status = api->GetDimensions(info, out->dims, out->rank);
+  api->ReleaseTensorTypeAndShapeInfo(info);
+  if (!status && type != ort::kFloat) {
+    status = Error(api, "input " + std::to_string(index) + " is not float32");
+  }
+  if (!status) {
+    void* data = nullptr;
+    status = api->GetTensorMutableData(const_cast<ort::Value*>(value), &data);
+    out->data = static_cast<const float*>(data);
+  }
+  return status;
+}
+
+struct Pool {
+  const ort::Api* api;
+  ort::KernelContext* context;
+  ort::Status* status;
+};
+
+void RunParallel(void* runner, dayzero::TaskFn fn, void* data, size_t total) {
+  auto* pool = static_cast<Pool*>(runner);
+  if (pool->status) return;
+  pool->status = pool->api->KernelContextParallelFor(pool->context, fn, total, 0, data);
+}
+
+// Fills in the problem's shapes from the inputs; an error names what does not fit.
+ort::Status* Describe(const Kernel& k, const Tensor in[kInputs], dayzero::AttentionProblem* p) {
+  const ort::Api* api = k.api;
+  const Tensor &q = in[0], &key = in[1], &value = in[2], &cos = in[3], &sin = in[4];
+  if (q.rank != 3) return Error(api, "query must be [batch, seq, hidden]");
+  if ((key.data == nullptr) != (value.data == nullptr))
+    return Error(api, "key and value come together (or both absent, for packed q, k, v)");
+  const bool packed = key.data == nullptr;
+  const int64_t batch = q.dims[0], seq = q.dims[1], hidden = q.dims[2];
+  const int64_t columns = packed ? k.num_heads + 2 * k.kv_heads : k.num_heads;
+  if (hidden % columns != 0)
+    return Error(api, "query's last dim " + std::to_string(hidden) + " is not a multiple of " +
+                          std::to_string(columns) + " heads");
+  const int64_t size = hidden / columns, kv_width = k.kv_heads * size;
+  for (const Tensor* t : {&key, &value}) {
+    if (t->data && (t->rank != 3 || t->dims[0] != batch || t->dims[1] != seq ||
+                    t->dims[2] != kv_width))
+      return Error(api, "key and value must be [batch, seq, kv_num_heads * head_size] = [" +
+                            std::to_string(batch) + ", " + std::to_string(seq) + ", " +
+                            std::to_string(kv_width) + "]");
+  }
+  if ((cos.data == nullptr) != (sin.data == nullptr))
+    return Error(api, "cos_cache and sin_cache come together");
+  if (cos.data && (cos.rank != 2 || sin.rank != 2 || cos.dims[0] != sin.dims[0] ||
+                   cos.dims[1] != sin.dims[1]))
+    return Error(api, "cos_cache and sin_cache must both be [positions, rotary_dim / 2]");
+  *p = dayzero::AttentionProblem{};
+  p->batch = batch;
+  p->seq = seq;
+  p->num_heads = k.num_heads;
+  p->kv_heads = k.kv_heads;
+  p->head_size = size;
+  p->q = {q.data, hidden, seq * hidden};
+  if (packed) {
+    p->k = {q.data + k.num_heads * size, hidden, seq * hidden};
+    p->v = {q.data + (k.num_heads + k.kv_heads) * size, hidden, seq * hidden};
+  } else {
+    p->k = {key.data, kv_width, seq * kv_width};
+    p->v = {value.data, kv_width, seq * kv_width};
+  }
+  p->cos = cos.data;
+  p->sin = sin.data;
+  p->cache_rows = cos.data ? cos.dims[0] : 0;
+  p->rotary_half = cos.data ? cos.dims[1] : 0;
+  p->interleaved = k.interleaved != 0;
+  p->scale = k.scale != 0.0f ? k.scale : 1.0f / std::sqrt(static_cast<float>(size));
+  return nullptr;
+}
+
+ort::Status* Compute(void* kernel, ort::KernelContext* context) {
+  const Kernel& k = *static_cast<Kernel*>(kernel);
+  const ort::Api* api = k.api;
+  Tensor in[kInputs];
+  for (size_t i = 0; i < kInputs; ++i) {
+    if (ort::Status* status = ReadInput(api, context, i, &in[i])) return status;
+  }
+  dayzero::AttentionProblem problem;
+  if (ort::Status* status = Describe(k, in, &problem)) return status;
+  const int64_t dims[3] = {problem.batch, problem.seq, problem.num_heads * problem.head_size};
+  ort::Value* output = nullptr;
+  if (ort::Status* status = api->KernelContextGetOutput(context, 0, dims, 3, &output))
+    return status;
+  void* out = nullptr;
+  if (ort::Status* status = api->GetTensorMutableData(output, &out)) return status;
+  problem.out = static_cast<float*>(out);
+  Pool pool{api, context, nullptr};
+  if (const char* why = dayzero::CausalAttention(problem, RunParallel, &pool)) {
+    if (pool.status) api->ReleaseStatus(pool.status);
+    return Error(api, why);
+  }
+  return pool.status;
+}
+
+ort::CustomOp MakeCausalAttention() {
+  ort::CustomOp op;
+  std::memset(&op, 0, sizeof(op));
+  op.version = ort::kApiVersion;
+  op.GetName = [](const ort::CustomOp*) { return "CausalAttention"; };
+  op.GetExecutionProviderType = [](const ort::CustomOp*) -> const char* { return nullptr; };
+  op.GetInputType = [](const ort::CustomOp*, size_t) { return ort::kFloat; };
+  op.GetInputTypeCount = [](const ort::CustomOp*) { return kInputs; };
+  op.GetOutputType = [](const ort::CustomOp*, size_t) { return ort::kFloat; };
+  op.GetOutputTypeCount = [](const ort::CustomOp*) { return size_t{1}; };
+  op.KernelDestroy = [](void* kernel) { delete static_cast<Kernel*>(kernel); };
+  op.GetInputCharacteristic = [](const ort::CustomOp*, size_t index) {
+    return index == 0 ? ort::kRequired : ort::kOptional;
+  };
+  op.GetOutputCharacteristic = [](const ort::CustomOp*, size_t) { return ort::kRequired; };
+  op.GetInputMemoryType = [](const ort::CustomOp*, size_t) { return ort::kMemTypeDefault; };
+  op.CreateKernelV2 = CreateKernel;
+  op.KernelComputeV2 = Compute;
+  return op;
+}
+
+const ort::CustomOp kCausalAttention = MakeCausalAttention();
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) ort::Status* RegisterCustomOps(
+    ort::SessionOptions* options, const ort::ApiBase* base) {
+  const ort::Api* api = base->GetApi(ort::kApiVersion);
+  if (api == nullptr) {  // older than 1.17: report through the oldest table, which all have
+    const ort::Api* oldest = base->GetApi(1);
+    std::string message = std::string("dayzero's custom ops need ONNX Runtime 1.17 or newer; "
+                                      "this is ") + base->GetVersionString();
+    return oldest ? oldest->CreateStatus(ort::kFail, message.c_str()) : nullptr;
+  }
+  // The domain must outlive every session made from these options; ONNX Runtime does not take
+  // ownership, so it is kept for the life of the process (a few bytes per registration).
+  ort::CustomOpDomain* domain = nullptr;
+  if (ort::Status* status = api->CreateCustomOpDomain(kDomain, &domain)) return status;
+  if (ort::Status* status = api->CustomOpDomainAdd(domain, &kCausalAttention)) return status;
+  return api->AddCustomOpDomain(options, domain);
+}

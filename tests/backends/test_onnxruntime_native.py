@@ -1,0 +1,179 @@
+"""dayzero's native ONNX Runtime kernel, ai.dayzero.CausalAttention, run as one-node ONNX models
+against a NumPy reference; its error messages; and what happens where the library is missing."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from backends.onnxruntime import native_ops
+from backends.onnxruntime.session import SessionConfig, session_options
+
+F = TensorProto.FLOAT
+
+
+def test_the_library_is_built():
+    assert native_ops.library() is not None, (
+        "backends/onnxruntime/_dayzero_ort_ops*.so is missing or does not load: "
+        "`pip install -e .` builds it with the C++ compiler (see setup.py)")
+
+
+def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved: bool) -> np.ndarray:
+    """x [b, s, h, d] rotated by cache rows 0..s-1 over its first 2 * cos.shape[1] channels."""
+    half = cos.shape[1]
+    c, s = cos[: x.shape[1], None, :], sin[: x.shape[1], None, :]
+    out = x.copy()
+    if interleaved:
+        a, b = x[..., 0:2 * half:2], x[..., 1:2 * half:2]
+        out[..., 0:2 * half:2], out[..., 1:2 * half:2] = a * c - b * s, b * c + a * s
+    else:
+        a, b = x[..., :half], x[..., half:2 * half]
+        out[..., :half], out[..., half:2 * half] = a * c - b * s, b * c + a * s
+    return out
+
+
+def reference(q, k, v, cos, sin, heads, kv_heads, scale, interleaved=False):
+    """Causal attention in float64: q [b, s, heads * d], k and v [b, s, kv_heads * d]."""
+    b, s, _ = q.shape
+    size = q.shape[-1] // heads
+    q, k, v = (x.astype(np.float64).reshape(b, s, -1, size) for x in (q, k, v))
+    if cos is not None:
+        q, k = rotate(q, cos, sin, interleaved), rotate(k, cos, sin, interleaved)
+    group = heads // kv_heads
+    k, v = np.repeat(k, group, axis=2), np.repeat(v, group, axis=2)
+    scores = np.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    scores[:, :, np.triu_indices(s, 1)[0], np.triu_indices(s, 1)[1]] = -np.inf
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    return np.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, s, heads * size)
+
+
+def model(heads: int, kv_heads: int, packed: bool, rotary: bool, **attrs):
+    names = ["qkv" if packed else "q", "" if packed else "k", "" if packed else "v",
+             "cos" if rotary else "", "sin" if rotary else ""]
+    node = helper.make_node("CausalAttention", names, ["out"], domain=native_ops.DOMAIN,
+                            num_heads=heads, kv_num_heads=kv_heads, **attrs)
+    inputs = [helper.make_tensor_value_info(n, F, None) for n in names if n]
+    graph = helper.make_graph([node], "causal", inputs,
+                              [helper.make_tensor_value_info("out", F, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
+                                                   helper.make_opsetid(native_ops.DOMAIN, 1)])
+
+
+def session(onnx_model, threads: int = 2) -> ort.InferenceSession:
+    options = session_options(SessionConfig(intra_op_threads=threads, allow_spinning=False))
+    return ort.InferenceSession(onnx_model.SerializeToString(), options,
+                                providers=["CPUExecutionProvider"])
+
+
+def tables(rows: int, half: int) -> tuple[np.ndarray, np.ndarray]:
+    angles = np.arange(rows)[:, None] / 10000.0 ** (np.arange(half) / half)[None]
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+CASES = [  # batch, seq, heads, kv_heads, head_size, packed, rotary ("", halves, pairs, part)
+    (1, 128, 8, 4, 32, True, "halves"),   # the benchmark decoder's layer
+    (1, 1, 8, 4, 32, True, "halves"),     # a single token
+    (2, 17, 4, 2, 16, False, "halves"),   # a partial last block, batch 2
+    (3, 16, 4, 4, 64, False, ""),         # MHA, no rotary, one full block
+    (1, 33, 6, 1, 32, True, "pairs"),     # MQA, interleaved rotary
+    (1, 300, 2, 1, 64, True, "part"),     # rotary on half the channels; several key runs
+    (1, 20, 4, 2, 8, True, "halves"),     # head size 8: the scalar path
+    (2, 21, 3, 3, 24, False, "pairs"),    # head size 24: the scalar path
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("batch, seq, heads, kv_heads, size, packed, rotary", CASES)
+def test_matches_reference(batch, seq, heads, kv_heads, size, packed, rotary, threads):
+    rng = np.random.default_rng(seq + size)
+    q = rng.standard_normal((batch, seq, heads * size), dtype=np.float32)
+    k, v = (rng.standard_normal((batch, seq, kv_heads * size), dtype=np.float32) for _ in "kv")
+    half = {"": 0, "halves": size // 2, "pairs": size // 2, "part": size // 4}[rotary]
+    cos, sin = tables(seq + 5, half) if rotary else (None, None)
+    scale = 0.3
+    feeds = {"qkv": np.concatenate([q, k, v], -1)} if packed else {"q": q, "k": k, "v": v}
+    if rotary:
+        feeds.update(cos=cos, sin=sin)
+    onnx_model = model(heads, kv_heads, packed, bool(rotary), scale=scale,
+                       rotary_interleaved=int(rotary == "pairs"))
+    got = session(onnx_model, threads).run(None, feeds)[0]
+    want = reference(q, k, v, cos, sin, heads, kv_heads, scale, rotary == "pairs")
+    assert got.shape == (batch, seq, heads * size)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_default_scale_and_large_scores():
+    """No scale attribute: 1 / sqrt(head_size). Scores in the thousands stay finite (the softmax
+    subtracts each row's maximum). float32 rounds such scores by about 3e-4, which the softmax
+    passes on, so the bound is relative to the values' size (30): 2e-3 absolute."""
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((1, 40, 4 * 32), dtype=np.float32) * 30
+    k, v = (rng.standard_normal((1, 40, 2 * 32), dtype=np.float32) * 30 for _ in "kv")
+    got = session(model(4, 2, False, False)).run(None, {"q": q, "k": k, "v": v})[0]
+    want = reference(q, k, v, None, None, 4, 2, 32 ** -0.5)
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-3)
+
+
+@pytest.mark.parametrize("attrs, feeds, message", [
+    (dict(num_heads=3, kv_num_heads=2), dict(qkv=(1, 4, 56)),
+     "num_heads a multiple of kv_num_heads"),
+    (dict(num_heads=4, kv_num_heads=2), dict(qkv=(1, 4, 50)),
+     "query's last dim 50 is not a multiple of 8 heads"),
+    (dict(num_heads=4, kv_num_heads=2), dict(q=(1, 4, 64), k=(1, 4, 32), v=(1, 5, 32)),
+     r"key and value must be \[batch, seq, kv_num_heads \* head_size\] = \[1, 4, 32\]"),
+    (dict(num_heads=4, kv_num_heads=2), dict(qkv=(1, 4, 128), cos=(3, 8), sin=(3, 8)),
+     "the rotary tables have fewer rows than tokens"),
+    (dict(num_heads=4, kv_num_heads=2), dict(qkv=(1, 4, 128), cos=(8, 9), sin=(8, 9)),
+     "the rotary tables are wider than half a head"),
+    (dict(num_heads=4, kv_num_heads=2), dict(qkv=(4, 128)), r"query must be \[batch, seq"),
+])
+def test_bad_input_is_named(attrs, feeds, message):
+    names = ["qkv" if "qkv" in feeds else "q", "k" if "k" in feeds else "",
+             "v" if "v" in feeds else "", "cos" if "cos" in feeds else "",
+             "sin" if "sin" in feeds else ""]
+    node = helper.make_node("CausalAttention", names, ["out"], domain=native_ops.DOMAIN, **attrs)
+    graph = helper.make_graph([node], "bad", [helper.make_tensor_value_info(n, F, None)
+                                              for n in names if n],
+                              [helper.make_tensor_value_info("out", F, None)])
+    onnx_model = helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", 21), helper.make_opsetid(native_ops.DOMAIN, 1)])
+    arrays = {n: np.zeros(shape, np.float32) for n, shape in feeds.items()}
+    with pytest.raises(Exception, match=f"CausalAttention: .*{message}"):
+        session(onnx_model).run(None, arrays)
+
+
+def test_without_the_library_attention_falls_back_and_artifacts_needing_it_say_so(
+        monkeypatch, tmp_path):
+    from backends.onnxruntime.fused import ContribFallbackWarning
+    from backends.onnxruntime.probe import installed_kernels
+    from backends.reference.interpreter import run_graph
+    from compiler.errors import DayzeroError
+    from compiler.ir import Graph
+    from tests.backends.onnxruntime_cases import CASES as GRAPHS
+    from tests.backends.onnxruntime_util import compile_graph, load
+
+    g = Graph("gqa")
+    g.outputs = GRAPHS["multi_head_attention_gqa"].build(g)
+    native = compile_graph(g, tmp_path / "native.dz")
+    monkeypatch.setattr(native_ops, "library", lambda: None)
+    installed_kernels.cache_clear()
+    try:
+        with pytest.warns(ContribFallbackWarning,
+                          match="ai.dayzero.CausalAttention kernel is missing"):
+            fallback = compile_graph(g, tmp_path / "fallback.dz")
+        ops = (fallback / "backend" / "lowering.json").read_text()
+        assert "com.microsoft.GroupQueryAttention" in ops and "CausalAttention" not in ops
+        rng = np.random.default_rng(0)
+        x = [rng.standard_normal([d if isinstance(d, int) else 6
+                                  for d in v.shape]).astype(np.float32) for v in g.inputs]
+        np.testing.assert_allclose(load(fallback)(x)[0], run_graph(g, {}, x)[0].numpy(),
+                                   rtol=1e-5, atol=1e-5)
+        with pytest.raises(DayzeroError, match="native kernel") as error:
+            load(native)
+        assert "C++17 compiler" in str(error.value) and "exclude_kernels" in str(error.value)
+    finally:
+        installed_kernels.cache_clear()
