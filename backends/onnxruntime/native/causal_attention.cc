@@ -1,12 +1,14 @@
 // Causal grouped-query attention: see causal_attention.h for what and why.
 //
-// Two parallel phases. The first rotates k (one task per batch row and block of 16 tokens) into
-// [batch, kv_head, head_size, seq_padded], so that the score loop reads 16 keys of one channel
-// as two contiguous vectors. The second has one task per batch row, query head and pair of
-// query blocks (blocks i and n - 1 - i, so that every task sees the same number of keys): it
-// rotates and scales its query rows, scores them against keys [0, end of block) with the future
-// masked, takes each row's softmax and multiplies by v, read in place from the input. The only
-// scratch is the rotated k (shared) and, per thread, one block's q, scores and output.
+// Two parallel phases. The first (one task per batch row and block of 16 tokens) rotates k into
+// chunks of 16 keys, each [head_size, 16] and contiguous, so that the score loop reads 16 keys
+// of one channel as two vectors from one 2 kB block, and copies v into contiguous rows (the
+// input's rows are a packed projection's width apart: a power of two that would map every row
+// to the same few L1 sets). The second has one task per batch row, query head and pair of query
+// blocks (blocks i and n - 1 - i, so that every task sees the same number of keys): it rotates
+// and scales its query rows, scores them against keys [0, end of block) with the future masked,
+// takes each row's softmax and multiplies by v. The scratch is the packed k and v (shared) and,
+// per thread, one block's q, scores and output.
 #include "causal_attention.h"
 
 #include <algorithm>
@@ -41,7 +43,8 @@ struct Scratch {
 struct Shared {
   const AttentionProblem* p;
   int64_t padded;  // seq rounded up to kBlock
-  float* kt;       // rotated k: [batch, kv_heads, head_size, padded]
+  float* kt;       // rotated k: [batch, kv_heads, padded / 16, head_size, 16]
+  float* v;        // v: [batch, kv_heads, padded, head_size]
   bool vectorized;
 };
 
@@ -65,7 +68,12 @@ void RotateHead(const AttentionProblem& p, const float* src, int64_t position, f
   for (int64_t d = 2 * half; d < size; ++d) dst[d] = src[d] * scale;
 }
 
-void PackKeys(void* data, size_t index) {
+// Where key t's channel d lives among its kv head's chunks of 16 keys.
+inline int64_t KeyIndex(int64_t t, int64_t d, int64_t size) {
+  return (t / 16) * size * 16 + d * 16 + t % 16;
+}
+
+void PackKeysAndValues(void* data, size_t index) {
   const Shared& k = *static_cast<const Shared*>(data);
   const AttentionProblem& p = *k.p;
   const int64_t blocks = k.padded / kBlock;
@@ -75,14 +83,17 @@ void PackKeys(void* data, size_t index) {
   float rotated[kMaxHeadSize];
   for (int64_t g = 0; g < p.kv_heads; ++g) {
     float* kt = k.kt + (b * p.kv_heads + g) * size * k.padded;
+    float* v = k.v + (b * p.kv_heads + g) * k.padded * size;
     for (int64_t t = first; t < first + kBlock; ++t) {
       if (t < p.seq) {
         RotateHead(p, p.k.data + b * p.k.batch_stride + t * p.k.token_stride + g * size, t,
                    1.0f, rotated);
-      } else {  // padding: keys that every row masks
+        const float* src = p.v.data + b * p.v.batch_stride + t * p.v.token_stride + g * size;
+        std::copy(src, src + size, v + t * size);
+      } else {  // padding: keys that every row masks (their values are never read)
         std::fill(rotated, rotated + size, 0.0f);
       }
-      for (int64_t d = 0; d < size; ++d) kt[d * k.padded + t] = rotated[d];
+      for (int64_t d = 0; d < size; ++d) kt[KeyIndex(t, d, size)] = rotated[d];
     }
   }
 }
@@ -117,20 +128,20 @@ void BlockScalar(const Shared& k, int64_t b, int64_t h, int64_t first, int64_t l
   const int64_t size = p.head_size;
   const int64_t g = h / (p.num_heads / p.kv_heads);
   const float* kt = k.kt + (b * p.kv_heads + g) * size * k.padded;
-  const float* v = p.v.data + b * p.v.batch_stride + g * size;
+  const float* v = k.v + (b * p.kv_heads + g) * k.padded * size;
   float* row = scratch.scores.data();
   for (int64_t i = first; i < last; ++i) {
     const float* q = scratch.q.data() + (i - first) * size;
     for (int64_t j = 0; j <= i; ++j) {
       float acc = 0.0f;
-      for (int64_t d = 0; d < size; ++d) acc += q[d] * kt[d * k.padded + j];
+      for (int64_t d = 0; d < size; ++d) acc += q[d] * kt[KeyIndex(j, d, size)];
       row[j] = acc;
     }
     const float inv = SoftmaxRowScalar(row, i + 1, i + 1);
     float* out = p.out + (b * p.seq + i) * p.num_heads * size + h * size;
     for (int64_t d = 0; d < size; ++d) {
       float acc = 0.0f;
-      for (int64_t j = 0; j <= i; ++j) acc += row[j] * v[j * p.v.token_stride + d];
+      for (int64_t j = 0; j <= i; ++j) acc += row[j] * v[j * size + d];
       out[d] = acc * inv;
     }
   }
@@ -177,13 +188,13 @@ DZ_AVX2 inline float HorizontalSum(__m256 x) {
 // keys [0, row + r]; the others score -inf. Running row maxima (8 lanes each) go to `peaks`, so
 // that the softmax needs one pass.
 template <int ROWS>
-DZ_AVX2 void ScoreChunk(const float* q, int64_t size, const float* kt, int64_t padded,
-                        int64_t j, int64_t row, float* scores, int64_t width, __m256* peaks) {
+DZ_AVX2 void ScoreChunk(const float* q, int64_t size, const float* chunk, int64_t j,
+                        int64_t row, float* scores, int64_t width, __m256* peaks) {
   __m256 acc[ROWS][2];
   for (int r = 0; r < ROWS; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   for (int64_t d = 0; d < size; ++d) {
-    const __m256 k0 = _mm256_loadu_ps(kt + d * padded + j);
-    const __m256 k1 = _mm256_loadu_ps(kt + d * padded + j + 8);
+    const __m256 k0 = _mm256_loadu_ps(chunk + d * 16);
+    const __m256 k1 = _mm256_loadu_ps(chunk + d * 16 + 8);
     for (int r = 0; r < ROWS; ++r) {
       const __m256 a = _mm256_broadcast_ss(q + r * size + d);
       acc[r][0] = _mm256_fmadd_ps(a, k0, acc[r][0]);
@@ -212,8 +223,8 @@ DZ_AVX2 void ScoreChunk(const float* q, int64_t size, const float* kt, int64_t p
 
 // acc[ROWS][size] += probabilities of keys [j0, j1) times their v rows, 16 channels at a time.
 template <int ROWS>
-DZ_AVX2 void WeighChunk(const float* probs, int64_t width, const float* v, int64_t v_stride,
-                        int64_t size, int64_t j0, int64_t j1, float* acc_rows) {
+DZ_AVX2 void WeighChunk(const float* probs, int64_t width, const float* v, int64_t size,
+                        int64_t j0, int64_t j1, float* acc_rows) {
   for (int64_t d = 0; d < size; d += 16) {
     __m256 acc[ROWS][2];
     for (int r = 0; r < ROWS; ++r) {
@@ -221,8 +232,8 @@ DZ_AVX2 void WeighChunk(const float* probs, int64_t width, const float* v, int64
       acc[r][1] = _mm256_loadu_ps(acc_rows + r * size + d + 8);
     }
     for (int64_t j = j0; j < j1; ++j) {
-      const __m256 v0 = _mm256_loadu_ps(v + j * v_stride + d);
-      const __m256 v1 = _mm256_loadu_ps(v + j * v_stride + d + 8);
+      const __m256 v0 = _mm256_loadu_ps(v + j * size + d);
+      const __m256 v1 = _mm256_loadu_ps(v + j * size + d + 8);
       for (int r = 0; r < ROWS; ++r) {
         const __m256 w = _mm256_broadcast_ss(probs + r * width + j);
         acc[r][0] = _mm256_fmadd_ps(w, v0, acc[r][0]);
@@ -258,32 +269,32 @@ DZ_AVX2 void BlockVectorized(const Shared& k, int64_t b, int64_t h, int64_t firs
   const int64_t g = h / (p.num_heads / p.kv_heads);
   const float* q = scratch.q.data();
   const float* kt = k.kt + (b * p.kv_heads + g) * size * k.padded;
-  const float* v = p.v.data + b * p.v.batch_stride + g * size;
+  const float* v = k.v + (b * p.kv_heads + g) * k.padded * size;
   float* scores = scratch.scores.data();
   float* acc = scratch.acc.data();
   __m256 peaks[kBlock];
   for (int64_t r = 0; r < rows; ++r) peaks[r] = _mm256_set1_ps(-INFINITY);
   for (int64_t j = 0; j < width; j += 16) {
+    const float* chunk = kt + j * size;  // keys [j, j + 16), [head_size, 16]
     int64_t r = 0;
     for (; r + 4 <= rows; r += 4)
-      ScoreChunk<4>(q + r * size, size, kt, k.padded, j, first + r, scores + r * width, width,
+      ScoreChunk<4>(q + r * size, size, chunk, j, first + r, scores + r * width, width,
                     peaks + r);
     for (; r < rows; ++r)
-      ScoreChunk<1>(q + r * size, size, kt, k.padded, j, first + r, scores + r * width, width,
+      ScoreChunk<1>(q + r * size, size, chunk, j, first + r, scores + r * width, width,
                     peaks + r);
   }
   float inv[kBlock];
   for (int64_t r = 0; r < rows; ++r)
     inv[r] = ExponentiateRow(scores + r * width, HorizontalMax(peaks[r]), width);
   std::fill(acc, acc + rows * size, 0.0f);
-  const int64_t stride = p.v.token_stride;
   for (int64_t j0 = 0; j0 < last; j0 += kKeyRun) {
     int64_t r = 0;
     for (; r + 4 <= rows; r += 4)  // rows r..r+3 see no key past first + r + 3
-      WeighChunk<4>(scores + r * width, width, v, stride, size, j0,
+      WeighChunk<4>(scores + r * width, width, v, size, j0,
                     std::min(j0 + kKeyRun, first + r + 4), acc + r * size);
     for (; r < rows; ++r)
-      WeighChunk<1>(scores + r * width, width, v, stride, size, j0,
+      WeighChunk<1>(scores + r * width, width, v, size, j0,
                     std::min(j0 + kKeyRun, first + r + 1), acc + r * size);
   }
   const int64_t out_stride = p.num_heads * size;
@@ -349,13 +360,15 @@ const char* CausalAttention(const AttentionProblem& p, ParallelFor parallel_for,
   k.p = &p;
   k.padded = RoundUp(p.seq, kBlock);
   k.vectorized = CausalAttentionVectorized() && p.head_size % 16 == 0;
-  // The rotated keys live as long as this call; the buffer is kept by the calling thread, so
+  // Packed k and v live as long as this call; the buffer is kept by the calling thread, so
   // that steady-state calls allocate nothing (and concurrent calls never share it).
-  thread_local std::vector<float> keys;
-  keys.resize(static_cast<size_t>(p.batch * p.kv_heads * p.head_size * k.padded));
-  k.kt = keys.data();
+  thread_local std::vector<float> packed;
+  const int64_t per_tensor = p.batch * p.kv_heads * p.head_size * k.padded;
+  packed.resize(static_cast<size_t>(2 * per_tensor));
+  k.kt = packed.data();
+  k.v = packed.data() + per_tensor;
   const int64_t blocks = k.padded / kBlock;
-  parallel_for(runner, PackKeys, &k, static_cast<size_t>(p.batch * blocks));
+  parallel_for(runner, PackKeysAndValues, &k, static_cast<size_t>(p.batch * blocks));
   parallel_for(runner, AttendPair, &k,
                static_cast<size_t>(p.batch * p.num_heads * ((blocks + 1) / 2)));
   return nullptr;
