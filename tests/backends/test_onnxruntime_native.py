@@ -177,3 +177,41 @@ def test_without_the_library_attention_falls_back_and_artifacts_needing_it_say_s
         assert "C++17 compiler" in str(error.value) and "exclude_kernels" in str(error.value)
     finally:
         installed_kernels.cache_clear()
+
+
+def test_runs_without_torch(tmp_path):
+    """An artifact using the native kernel loads and runs where importing torch fails: the
+    library is registered by the load path, which needs only numpy and onnxruntime."""
+    import json
+    import subprocess
+    import sys
+    import textwrap
+
+    from backends.reference.interpreter import run_graph
+    from compiler.ir import Graph
+    from tests.backends.onnxruntime_cases import CASES as GRAPHS
+    from tests.backends.onnxruntime_util import compile_graph
+    from tests.backends.test_onnxruntime import BLOCK_TORCH
+
+    g = Graph("gqa")
+    g.symbols["s0"] = (1, 64)
+    g.outputs = GRAPHS["multi_head_attention_gqa"].build(g)
+    path = compile_graph(g, tmp_path / "m.dz")
+    assert "ai.dayzero.CausalAttention" in json.loads(
+        (path / "backend" / "lowering.json").read_text())["variants"]
+    rng = np.random.default_rng(7)
+    x = [rng.standard_normal([d if isinstance(d, int) else 9 for d in v.shape])
+         .astype(np.float32) for v in g.inputs]
+    np.savez(tmp_path / "x.npz", *x)
+    code = BLOCK_TORCH + textwrap.dedent(f"""
+        import numpy as np, runtime
+        x = np.load({str(tmp_path / "x.npz")!r})
+        (y,) = runtime.load({str(path)!r})(*[x[f"arr_{{i}}"] for i in range(len(x.files))])
+        np.save({str(tmp_path / "y.npy")!r}, y)
+        assert not [k for k in sys.modules if k.split(".")[0] == "torch"]
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), run_graph(g, {}, x)[0].numpy(),
+                               rtol=1e-5, atol=1e-5)
