@@ -9,12 +9,12 @@ transformers' attention modules all read the same way:
     o = o.transpose(1, 2).reshape(b, s, h * d)            # permute + reshape
 
 The whole block becomes one `multi_head_attention` on the [b, s, h * d] projections, so a backend
-with a kernel for it (ONNX Runtime's GroupQueryAttention / MultiHeadAttention) skips the four
-transposes and the separate rotary ops. Backends without one get the same nodes back from its
-decomposition. The split must be exactly `reshape` to [b, s, h, d] then `permute [0, 2, 1, 3]`,
-and the merge its inverse (to [b, s, h * d], or to [b * s, h * d] as GPT-2 writes it); the
-transposed intermediates may have no other reader (a KV cache returned as an output keeps the
-block unfused).
+with a kernel for it (the onnxruntime backend's CausalAttention / GroupQueryAttention /
+MultiHeadAttention) skips the four transposes and the separate rotary ops. Backends without one
+get the same nodes back from its decomposition. The split must be exactly `reshape` to
+[b, s, h, d] then `permute [0, 2, 1, 3]`, and the merge its inverse (to [b, s, h * d], or to
+[b * s, h * d] as GPT-2 writes it); the transposed intermediates may have no other reader (a KV
+cache returned as an output keeps the block unfused).
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ Transformers split each projection into heads (`reshape` to [b, s, h, d], `permu
 [b, h, s, d]), rotate q and k (rotary embedding), attend, and merge the heads back (`permute`,
 `reshape`). In that layout every head split and merge is a transpose that a backend has to run as
 a copy. This op keeps the projections in the layout the linears produce, so a backend with a
-fused kernel for the whole block (ONNX Runtime's GroupQueryAttention or MultiHeadAttention,
-which take [b, s, h * d] directly and apply the rotary themselves) runs no transposes at all.
+fused kernel for the whole block (dayzero's native CausalAttention, ONNX Runtime's
+GroupQueryAttention or MultiHeadAttention, which take [b, s, h * d] directly and apply the
+rotary themselves) runs no transposes at all.
 
 Its meaning is its decomposition: exactly the split / rotary / scaled_dot_product_attention /
 merge nodes it replaces, so every backend without a kernel lowers those instead.
