@@ -33,11 +33,10 @@ class NativeKernelWarning(UserWarning):
     """dayzero's custom-op library exists but this onnxruntime cannot load it."""
 
 
-def library_file(folder: Path | None = None) -> Path | None:
-    """The built library in `folder` (this package by default), whatever Python's suffix."""
-    folder = Path(__file__).parent if folder is None else folder
+def library_file() -> Path | None:
+    """The built library next to this module, whatever Python's extension suffix."""
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        path = folder / f"{LIBRARY}{suffix}"
+        path = Path(__file__).with_name(f"{LIBRARY}{suffix}")
         if path.is_file():
             return path
     return None
