@@ -50,16 +50,20 @@ def reference(q, k, v, cos, sin, heads, kv_heads, scale, interleaved=False):
     return np.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, s, heads * size)
 
 
-def model(heads: int, kv_heads: int, packed: bool, rotary: bool, **attrs):
-    names = ["qkv" if packed else "q", "" if packed else "k", "" if packed else "v",
-             "cos" if rotary else "", "sin" if rotary else ""]
-    node = helper.make_node("CausalAttention", names, ["out"], domain=native_ops.DOMAIN,
-                            num_heads=heads, kv_num_heads=kv_heads, **attrs)
+def one_node(names: list[str], **attrs):
+    """A model of one CausalAttention node on inputs `names` ("" for an absent one)."""
+    node = helper.make_node("CausalAttention", names, ["out"], domain=native_ops.DOMAIN, **attrs)
     inputs = [helper.make_tensor_value_info(n, F, None) for n in names if n]
     graph = helper.make_graph([node], "causal", inputs,
                               [helper.make_tensor_value_info("out", F, None)])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
                                                    helper.make_opsetid(native_ops.DOMAIN, 1)])
+
+
+def model(heads: int, kv_heads: int, packed: bool, rotary: bool, **attrs):
+    names = ["qkv" if packed else "q", "" if packed else "k", "" if packed else "v",
+             "cos" if rotary else "", "sin" if rotary else ""]
+    return one_node(names, num_heads=heads, kv_num_heads=kv_heads, **attrs)
 
 
 def session(onnx_model, threads: int = 2) -> ort.InferenceSession:
@@ -132,18 +136,11 @@ def test_default_scale_and_large_scores():
     (dict(num_heads=4, kv_num_heads=2), dict(qkv=(4, 128)), r"query must be \[batch, seq"),
 ])
 def test_bad_input_is_named(attrs, feeds, message):
-    names = ["qkv" if "qkv" in feeds else "q", "k" if "k" in feeds else "",
-             "v" if "v" in feeds else "", "cos" if "cos" in feeds else "",
-             "sin" if "sin" in feeds else ""]
-    node = helper.make_node("CausalAttention", names, ["out"], domain=native_ops.DOMAIN, **attrs)
-    graph = helper.make_graph([node], "bad", [helper.make_tensor_value_info(n, F, None)
-                                              for n in names if n],
-                              [helper.make_tensor_value_info("out", F, None)])
-    onnx_model = helper.make_model(graph, opset_imports=[
-        helper.make_opsetid("", 21), helper.make_opsetid(native_ops.DOMAIN, 1)])
+    names = ["qkv" if "qkv" in feeds else "q"] + [n if n in feeds else ""
+                                                   for n in ("k", "v", "cos", "sin")]
     arrays = {n: np.zeros(shape, np.float32) for n, shape in feeds.items()}
     with pytest.raises(Exception, match=f"CausalAttention: .*{message}"):
-        session(onnx_model).run(None, arrays)
+        session(one_node(names, **attrs)).run(None, arrays)
 
 
 def test_without_the_library_attention_falls_back_and_artifacts_needing_it_say_so(
