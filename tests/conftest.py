@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
+import tomllib
+from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -24,12 +26,59 @@ _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:
     sys.path.append(_ROOT)
 
+import backends  # noqa: E402
 from compiler.ir import Graph, parse_ir, print_ir, verify  # noqa: E402
 
 # CI machines are slow and shared: a property test must not fail on timing alone.
 settings.register_profile("dayzero", deadline=None, max_examples=60,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("dayzero")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--sweep", action="store_true",
+                     help="run the long sweeps (every OpInfo op) whole; without it, the fixed "
+                          "sample CI runs (tests/sweeps.py)")
+
+
+# -- time budgets --------------------------------------------------------------------------------
+# Seconds of test time (setup + call + teardown, summed over xdist workers) each area of the suite
+# may take on a quiet 2-core machine; CI's whole run must stay well under 30 minutes. The summary
+# at the end of every run prints each area against its budget (a report, not a timed test: the
+# machine is shared and noisy). An area over budget moves its long cases to a sweep
+# (tests/sweeps.py) or makes them cheaper.
+AREA_BUDGETS: dict[str, float] = {
+    "tests/backends": 330.0,
+    "tests/compiler": 240.0,
+    "tests/passes": 120.0,
+    "tests/runtime": 150.0,
+    "tests/tools": 120.0,
+    "tests/regression": 60.0,
+    "tests/benchmarks": 30.0,
+    "tests/test_end_to_end.py": 30.0,
+}
+_area_seconds: dict[str, float] = defaultdict(float)
+
+
+def _area(nodeid: str) -> str:
+    parts = nodeid.split("::", 1)[0].split("/")
+    return "/".join(parts[:2])
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _area_seconds[_area(report.nodeid)] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    if not _area_seconds:
+        return
+    write = terminalreporter.write_line
+    terminalreporter.section("time by area (seconds of test time, against AREA_BUDGETS)")
+    for area, seconds in sorted(_area_seconds.items(), key=lambda kv: -kv[1]):
+        budget = AREA_BUDGETS.get(area)
+        verdict = "no budget" if budget is None else ("OVER BUDGET" if seconds > budget else "ok")
+        write(f"{area:<32} {seconds:8.1f} / {budget or 0:6.0f}  {verdict}")
+    write(f"{'total':<32} {sum(_area_seconds.values()):8.1f} / {sum(AREA_BUDGETS.values()):6.0f}")
 
 
 def _roundtrip(graph_or_text: Graph | str) -> Graph:
@@ -48,3 +97,50 @@ def _roundtrip(graph_or_text: Graph | str) -> Graph:
 def roundtrip():
     """`roundtrip(graph or text) -> parsed Graph`; asserts print -> parse -> print is identical."""
     return _roundtrip
+
+
+# -- the example backend plugin in tests/plugin ---------------------------------------------------
+# The tests never install it: a user who ran them must not find a test backend in `dayzero
+# backends` or a column of MISSING in every coverage table. Tests that need it register it with
+# the `testplugin` fixture; the entry-point discovery tests give it a distribution's metadata in a
+# temporary site folder (`plugin_site`), as pip would have written it.
+PLUGIN_SOURCE = Path(__file__).resolve().parent / "plugin"
+
+
+def plugin_entry_points() -> dict[str, str]:
+    """The plugin's `dayzero.backends` entry points, as its pyproject.toml declares them."""
+    project = tomllib.loads((PLUGIN_SOURCE / "pyproject.toml").read_text())["project"]
+    return dict(project["entry-points"][backends.ENTRY_POINT_GROUP])
+
+
+def write_plugin_distribution(site: Path) -> Path:
+    """Installed-distribution metadata for tests/plugin in `site` (a folder to put on sys.path
+    next to PLUGIN_SOURCE): what importlib.metadata reads to find entry points."""
+    project = tomllib.loads((PLUGIN_SOURCE / "pyproject.toml").read_text())["project"]
+    info = site / f"dayzero_testplugin-{project['version']}.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project['name']}\n"
+                                   f"Version: {project['version']}\n")
+    lines = [f"[{backends.ENTRY_POINT_GROUP}]"]
+    lines += [f"{name} = {ref}" for name, ref in plugin_entry_points().items()]
+    (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
+    return site
+
+
+@pytest.fixture
+def testplugin(monkeypatch):
+    """The example plugin registered as backend `testplugin` for one test."""
+    monkeypatch.syspath_prepend(str(PLUGIN_SOURCE))
+    backends.register("testplugin", plugin_entry_points()["testplugin"])
+    yield "testplugin"
+    backends.unregister("testplugin")
+
+
+@pytest.fixture
+def plugin_site(tmp_path, monkeypatch):
+    """The example plugin as an installed distribution on sys.path (entry point and all); the
+    returned paths also go to a subprocess's PYTHONPATH."""
+    site = write_plugin_distribution(tmp_path / "site")
+    for path in (site, PLUGIN_SOURCE):
+        monkeypatch.syspath_prepend(str(path))
+    return [str(site), str(PLUGIN_SOURCE)]

@@ -36,11 +36,16 @@ def cleanup():
         backends.unregister(name)
 
 
-def test_builtins_and_entry_points_are_available():
+def test_builtins_and_entry_points_are_available(plugin_site):
     names = backends.available()
     assert names == sorted(names)
-    assert {"reference", "onnxruntime"} <= set(names)
-    assert "testplugin" in names, "install the test plugin: pip install -e tests/plugin"
+    assert {"reference", "onnxruntime", "triton", "testplugin"} <= set(names)
+
+
+def test_the_test_setup_installs_no_backend():
+    """README's test command must leave a user's `dayzero backends` as it found it."""
+    assert "testplugin" not in backends.available(), \
+        "a stale install of tests/plugin: pip uninstall dayzero-testplugin"
 
 
 def test_get_returns_a_fresh_instance():

@@ -1,4 +1,7 @@
-"""The example plugin in tests/plugin: found through its entry point, compiled for, run."""
+"""The example plugin in tests/plugin: found through its entry point, compiled for, run.
+
+The plugin is never installed by the test setup: `plugin_site` gives it a distribution's metadata
+on sys.path for the discovery test, and the `testplugin` fixture registers it for the others."""
 
 from __future__ import annotations
 
@@ -45,17 +48,17 @@ def eager(g: Graph, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return r * w["x"] - h, r
 
 
-def test_found_through_its_entry_point():
+def test_found_through_its_entry_point(plugin_site):
     eps = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="dayzero.backends")}
-    assert eps.get("testplugin") == "dayzero_testplugin:NumpyBackend", \
-        "install the test plugin: pip install -e tests/plugin"
+    assert eps.get("testplugin") == "dayzero_testplugin:NumpyBackend"
+    assert "testplugin" in backends.available()
     backend = backends.get("testplugin")
     assert backend.name == "testplugin"
     assert backend.capabilities().ops == {"add", "sub", "mul", "neg", "exp", "tanh", "relu",
                                           "matmul", "linear"}
 
 
-def test_compile_and_run(tmp_path):
+def test_compile_and_run(tmp_path, testplugin):
     g = mlp()
     out = write_artifact(tmp_path / "m.dz", g, "testplugin")
     program = json.loads((out / "backend" / "program.json").read_text())
@@ -68,7 +71,7 @@ def test_compile_and_run(tmp_path):
         np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-6)
 
 
-def test_options_reach_lower_and_the_manifest(tmp_path):
+def test_options_reach_lower_and_the_manifest(tmp_path, testplugin):
     g = mlp()
     m = runtime.load(write_artifact(tmp_path / "m.dz", g, "testplugin", options={"scale": 2.0}))
     assert m.manifest["backend_options"] == {"scale": 2.0}
@@ -76,7 +79,7 @@ def test_options_reach_lower_and_the_manifest(tmp_path):
     np.testing.assert_allclose(m(x)[0], 2 * eager(g, x)[0].numpy(), rtol=1e-5, atol=1e-6)
 
 
-def test_unsupported_op_is_refused_at_lower(tmp_path):
+def test_unsupported_op_is_refused_at_lower(tmp_path, testplugin):
     g = Graph()
     g.symbols["s0"] = (1, 4)
     x = g.add_input("x", TensorType(DType.f32, (symbol("s0"),)))

@@ -127,8 +127,9 @@ def test_console_script_usage_error_exits_2():
     assert "usage" in result.stderr
 
 
-def test_plugin_backend_from_entry_point_compiles_and_runs(tmp_path, capsys):
-    """The test plugin (tests/plugin, installed with pip) is found through its entry point."""
+def test_plugin_backend_from_entry_point_compiles_and_runs(tmp_path, capsys, plugin_site):
+    """The example plugin (tests/plugin, as an installed distribution) is found through its
+    entry point."""
     (tmp_path / "tiny.py").write_text(
         "import torch\n"
         "class Tiny(torch.nn.Module):\n"
@@ -158,7 +159,7 @@ def test_plugin_backend_from_entry_point_compiles_and_runs(tmp_path, capsys):
     np.testing.assert_allclose(model(x)[0], want, rtol=1e-5, atol=1e-6)
 
 
-def test_unsupported_backend_op_is_listed(tmp_path, capsys):
+def test_unsupported_backend_op_is_listed(tmp_path, capsys, testplugin):
     out = tmp_path / "mlp.dz"
     assert main(["compile", MLP, "-o", str(out), "--backend", "testplugin"]) == 1
     err = capsys.readouterr().err

@@ -7,6 +7,7 @@ torch, then imports the runtime and runs an artifact made for a numpy-only backe
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -30,10 +31,14 @@ BLOCK_TORCH = textwrap.dedent("""
 """)
 
 
-def run_without_torch(code: str) -> subprocess.CompletedProcess:
+def run_without_torch(code: str, path: list[str] = ()) -> subprocess.CompletedProcess:
+    """Run `code` in a fresh interpreter where torch cannot be imported; `path` goes in front of
+    its PYTHONPATH (the `plugin_site` folders, so the example plugin is found as installed)."""
     script = BLOCK_TORCH + textwrap.dedent(code)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([*path, *filter(None, [env.get("PYTHONPATH")])])
     return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, env=env)
 
 
 def test_the_blocker_blocks():
@@ -41,8 +46,8 @@ def test_the_blocker_blocks():
     assert result.returncode != 0 and "torch is blocked" in result.stderr
 
 
-def test_import_runtime_and_backends_without_torch():
-    result = run_without_torch("""
+def test_import_runtime_and_backends_without_torch(plugin_site):
+    result = run_without_torch(path=plugin_site, code="""
         import runtime, backends
         assert "torch" not in sys.modules
         assert not any(m == "passes" or m.startswith(("passes.", "compiler.frontend"))
@@ -56,7 +61,7 @@ def test_import_runtime_and_backends_without_torch():
     assert caps == "True"
 
 
-def test_numpy_only_artifact_runs_without_torch(tmp_path):
+def test_numpy_only_artifact_runs_without_torch(tmp_path, plugin_site):
     g = Graph()
     g.symbols["s0"] = (1, 16)
     x = g.add_input("x", TensorType(DType.f32, (symbol("s0"), 3)))
@@ -67,7 +72,7 @@ def test_numpy_only_artifact_runs_without_torch(tmp_path):
     out = write_artifact(tmp_path / "m.dz", g, "testplugin")
     x = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
     np.save(tmp_path / "x.npy", x)
-    result = run_without_torch(f"""
+    result = run_without_torch(path=plugin_site, code=f"""
         import json, numpy as np, runtime
         m = runtime.load({str(out)!r})
         (y,) = m(np.load({str(tmp_path / "x.npy")!r}))
