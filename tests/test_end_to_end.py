@@ -12,6 +12,7 @@ import torch
 
 import compiler
 import runtime
+from tests.numerics import assert_fp32_close
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 SIZES = {"llama": (7, 64, 300), "gpt2": (7, 64, 300), "bert": (7, 64, 300), "mlp": (1, 5, 33),
@@ -55,9 +56,8 @@ def matches_eager(loaded, model, inputs, sizes, tol: float = 1e-5) -> None:
         got = loaded(*new)
         want = eager_outputs(model, new)
         assert len(got) == len(want)
-        for g, w in zip(got, want):
-            assert g.shape == w.shape
-            np.testing.assert_allclose(g, w, rtol=tol, atol=tol)
+        for j, (g, w) in enumerate(zip(got, want)):
+            assert_fp32_close(g, w, rel=tol, what=f"output {j} at size {size}")
 
 
 @pytest.mark.parametrize("name", sorted(SIZES))

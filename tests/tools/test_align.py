@@ -16,6 +16,7 @@ from compiler.frontend import export
 from compiler.spec import load_spec
 from compiler.tools.align_target import run_alignment, target_from_spec
 from passes import DEFAULT_PIPELINE
+from tests.numerics import fp32_bound
 from tests.tools.perturb_backend import perturbing
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -176,7 +177,9 @@ def _align(llama, **kwargs):
 
 def test_llama_fp32_on_onnxruntime_matches_everywhere(llama):
     report = _align(llama)
-    assert report.ok and not report.outputs_only and report.eager_max_abs == 0.0
+    assert report.ok and not report.outputs_only
+    # the reference interpreter runs the exported (decomposed) ops, not the module's own code
+    assert report.eager_max_abs <= fp32_bound(*report.reference_outputs)
     assert len(report.checks) > 100 and not report.unmatched
     assert max(c.errors.max_abs for c in report.checks if c.dtype == "f32") < 1e-4
     assert {c.layer for c in report.checks} == {"input", "layers.0", "layers.1"}

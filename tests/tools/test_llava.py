@@ -18,6 +18,7 @@ from compiler.ir import parse_ir, print_ir
 from compiler.log import SILENT
 from compiler.spec import load_spec
 from compiler.tools.align_target import run_alignment, target_from_spec
+from tests.numerics import assert_fp32_close, fp32_bound
 
 ROOT = Path(__file__).resolve().parents[2]
 LLAVA = f"{ROOT}/examples/llava.py:build"
@@ -66,7 +67,7 @@ def test_artifact_matches_eager_for_prompts_of_any_length(llava, before, after, 
     with torch.no_grad():
         want = spec.module(ids, pixels).numpy()
     assert got.shape == (1, before + 16 + after, 256)
-    np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+    assert_fp32_close(got, want)
 
 
 def test_image_features_land_where_the_image_tokens_are(llava):
@@ -85,7 +86,9 @@ def test_alignment_of_the_compiled_llava(llava):
     spec, graph, _, path = llava
     with target_from_spec(spec, artifact=path, reference=graph) as target:
         report = run_alignment(target, target.example_inputs)
-    assert report.ok and report.eager_max_abs == 0.0
+    assert report.ok
+    # the reference interpreter runs the exported (decomposed) ops, not the module's own code
+    assert report.eager_max_abs <= fp32_bound(*report.reference_outputs)
     merged = next(c for c in report.checks if c.op == "masked_scatter")
     # the merge comes after the vision tower's layer the projector reads (feature layer -2)
     assert merged.errors.max_abs < 1e-5 and merged.layer == "encoder.layers.0"
