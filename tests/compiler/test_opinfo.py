@@ -21,6 +21,7 @@ from backends.reference.interpreter import run_graph
 from compiler.errors import DayzeroError
 from compiler.frontend import UnsupportedOpsError
 from compiler.ir import parse_ir, print_ir
+from tests.sweeps import sweep
 
 MAX_SAMPLES = 4
 
@@ -108,7 +109,25 @@ def _id(op) -> str:
     return f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name
 
 
-@pytest.mark.parametrize("op", op_db, ids=_id)
+# Checked on every run; the rest of op_db as the fixed sample (`pytest --sweep` runs every op).
+CORE_OPS = {
+    "add", "mul", "div", "sub", "exp", "rsqrt", "sigmoid", "tanh", "where", "clamp", "pow",
+    "matmul", "bmm", "nn.functional.linear", "nn.functional.embedding", "softmax",
+    "nn.functional.layer_norm", "nn.functional.gelu", "nn.functional.silu",
+    "nn.functional.scaled_dot_product_attention", "nn.functional.conv2d", "cat", "reshape",
+    "transpose", "permute", "expand", "slice", "mean", "sum", "amax", "cumsum", "topk", "sort",
+    "gather", "index_select", "argmax", "masked_fill", "tril",
+}
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if metafunc.definition.name == "test_opinfo":
+        ops = sweep(metafunc.config, op_db, _id, always=CORE_OPS)
+        metafunc.parametrize("op", ops, ids=_id)
+
+
+# OpInfo's samples call deprecated and beta ops on purpose; what they warn is torch's to say.
+@pytest.mark.filterwarnings("ignore::UserWarning")
 def test_opinfo(op):
     if op.name in NOT_COMPARABLE:
         pytest.skip(NOT_COMPARABLE[op.name])
