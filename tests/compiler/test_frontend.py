@@ -235,6 +235,23 @@ def test_dynamic_shapes_one_export_many_sizes():
     assert not any(op.startswith("sym") for op in ops_of(graph))
 
 
+@pytest.mark.parametrize("fn,lo", [
+    (lambda x: x[:, -x.shape[1]:] * 2, 2),  # XLM's mask[:, -slen:]: the whole dim, never empty
+    (lambda x: x[:, 1 - x.shape[1]:] * 2, 3),
+    (lambda x: x[:, -3:] * 2, 4),  # a count from the end of a dynamic dim
+    (lambda x: x.select(1, -1) * 2, 2),
+], ids=["minus_size", "one_minus_size", "last_three", "select_last"])
+def test_indices_from_the_end_of_a_dynamic_dim(fn, lo):
+    runs = [(torch.randn(1, n, 4),) for n in (lo, 5, 9)]
+    check(One(fn), runs[1], dynamic_shapes=({1: Dim("seq", min=lo, max=16)},), runs=runs)
+
+
+def test_slice_start_before_a_static_dim_is_clamped_to_zero():
+    graph = check(One(lambda x: x[:, -7:] * 2), (torch.randn(1, 5, 4),))
+    assert any(n.op == "slice" and n.attrs["start"] == 0 for n in graph.nodes) or \
+        "slice" not in ops_of(graph)
+
+
 def test_unbounded_dim_has_no_upper_bound():
     graph = check(One(lambda x: x.sum(0)), (x234,), dynamic_shapes=({0: Dim("b")},))
     assert graph.symbols["s0"][1] is None

@@ -8,6 +8,8 @@ lift_fresh_copy, eval-mode dropout) are identities; a later pass removes no-op r
 
 from __future__ import annotations
 
+import math
+
 import sympy
 
 from compiler.ir import DType
@@ -76,19 +78,77 @@ def _expand(em: Emitter, a):
 
 
 # -- slicing ------------------------------------------------------------------------------------
-def _index(i, size):
-    """A start/end/index as a non-negative dim: negatives count from the end."""
-    if isinstance(i, int) and i < 0:
-        return i % size if isinstance(size, int) else size + i
-    return i
+def _bounds(e, ranges) -> tuple[float, float]:
+    """Smallest and largest value of an int or a size expression affine in its symbols, given
+    their ranges (+-inf where a range is open or the expression is not affine)."""
+    if isinstance(e, int) or e.is_Integer:
+        return int(e), int(e)
+    poly = e.as_poly(*sorted(e.free_symbols, key=str)) if e.free_symbols else None
+    if poly is None or poly.total_degree() > 1:
+        return -math.inf, math.inf
+    lo = hi = float(poly.coeff_monomial(1))
+    for sym in poly.gens:
+        coeff = float(poly.coeff_monomial(sym))
+        low, high = ranges.get(str(sym), (1, None))
+        far = math.copysign(math.inf, coeff) if high is None else coeff * high
+        ends = (coeff * low, far)
+        lo, hi = lo + min(ends), hi + max(ends)
+    return lo, hi
+
+
+def _sign(i, ranges) -> int | None:
+    """-1, 0 or 1 for every size the symbols' ranges allow; None when it depends on the sizes."""
+    lo, hi = _bounds(i, ranges)
+    if lo == hi == 0:
+        return 0
+    if hi < 0:
+        return -1
+    return 1 if lo >= 0 else None
+
+
+def _from_end(i, size, ranges, what: str):
+    """`i` with a negative value counted from the end of a dim of `size` (int or symbolic)."""
+    sign = _sign(i, ranges)
+    if sign is None:
+        raise Unsupported(f"{what} {i}: whether it counts from the end depends on the sizes; "
+                          "export with a range that makes it provably negative or non-negative")
+    if sign >= 0:
+        return i
+    if isinstance(i, int) and isinstance(size, int):
+        return i % size
+    return normalize(sympy.simplify(size + i))
+
+
+def _index(em: Emitter, i, size):
+    """An index into a dim (select): negatives count from the end; torch checked the range."""
+    return _from_end(i, size, em.graph.symbols, "index")
+
+
+def _slice_start(em: Emitter, start, size):
+    """A slice start as torch takes it: negatives count from the end, then clamped to [0, size]
+    (x[-7:] of 5 elements starts at 0, not at -7 mod 5). A start whose clamp depends on the
+    sizes is refused rather than guessed."""
+    ranges = em.graph.symbols
+    if isinstance(start, int) and isinstance(size, int):
+        return min(max(start + size if start < 0 else start, 0), size)
+    sign = _sign(start, ranges)
+    if sign is not None and sign < 0:
+        start = normalize(sympy.simplify(size + start))
+        sign = _sign(start, ranges)
+    if sign is None or sign < 0:
+        raise Unsupported(f"slice start {start} may lie before the start of the dim; export "
+                          "with a range that decides it")
+    past = _sign(normalize(sympy.simplify(start - size)), ranges)
+    if past is None:
+        raise Unsupported(f"slice start {start} may lie past the end of the dim ({size}); "
+                          "export with a range that decides it")
+    return size if past > 0 else start
 
 
 def _slice(em: Emitter, x, dim: int, start, length, step: int, index: int = 0):
     """`x[start : start + length*step : step]` along dim, with the length torch computed."""
     size = x.shape[dim]
-    start = _index(0 if start is None else start, size)
-    if isinstance(start, int) and isinstance(size, int):
-        start = min(start, size)
+    start = _slice_start(em, 0 if start is None else start, size)
     end = start if length == 0 else start + (length - 1) * step + 1
     start, end = (normalize(sympy.simplify(v)) if isinstance(v, sympy.Basic) else v
                   for v in (start, end))
@@ -122,7 +182,7 @@ def _diff(em: Emitter, a):
 def _select(em: Emitter, a):
     x = a["self"]
     dim = a["dim"] % max(x.type.rank, 1)
-    return em.op("select", x, dim=dim, index=_index(a["index"], x.shape[dim]))
+    return em.op("select", x, dim=dim, index=_index(em, a["index"], x.shape[dim]))
 
 
 @converts("split.Tensor", "split_with_sizes.default", "split_with_sizes_copy.default",
