@@ -106,6 +106,9 @@ REDUCTIONS = {
     "var_std": (lambda m, x: (x.var(-1), x.std(0, correction=0), torch.var_mean(x, 1)), (x234,)),
     "softmax": (lambda m, x: F.softmax(x, -1) + F.log_softmax(x, 1), (x234,)),
     "cumsum_topk": (lambda m, x: (x.cumsum(1), torch.topk(x, 2, dim=-1)), (x234,)),
+    # MoE routers count tokens per expert in int32; the IR sums in i64 and casts (same wrap)
+    "cumsum_int32": (lambda m, i: (torch.cumsum(i, dim=0, dtype=torch.int32),
+                                   torch.cumsum(i > 1, dim=-1)), (ints,)),
     "any_all_bool_sum": (lambda m, x: ((x > 0).any(-1), (x > -3).all(), (x > 0).sum(1)), (x234,)),
 }
 NN = {

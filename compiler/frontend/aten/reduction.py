@@ -6,6 +6,8 @@ another dtype (`sum` of bools gives int64, an explicit `dtype=`), the input is c
 
 from __future__ import annotations
 
+from compiler.ir import DType
+
 from ..emitter import Emitter
 from .table import converts, register_many
 
@@ -118,7 +120,13 @@ def _vector_norm(em: Emitter, a):
 
 @converts("cumsum.default", ir="cumsum")
 def _cumsum(em: Emitter, a):
-    return em.op("cumsum", em.cast(a["self"], em.out_dtype()), dim=a["dim"])
+    """The IR sums integers in i64 (aten's default); an explicit narrower integer dtype (MoE
+    routers count tokens per expert with dtype=torch.int32) sums in i64 and casts after, which
+    wraps exactly as torch's int32 sum does: both are the same value modulo 2**32."""
+    out = em.out_dtype()
+    acc = out if out.is_float else DType.i64
+    total = em.op("cumsum", em.cast(a["self"], acc), dim=a["dim"])
+    return em.cast(total, out)
 
 
 @converts("topk.default", ir="topk")
