@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -28,6 +28,8 @@ from .decompositions import SIZE_OPS
 from .emitter import Emitter, Unsupported, ir_dtype
 from .locations import Location, node_location
 from .symbols import SymbolMap, UnsupportedSymbol
+
+_SYM_INT_TYPES = (torch.SymInt,)
 
 MISSING = object()  # a value nothing can stand in for (see `placeholder_for`)
 
@@ -46,8 +48,16 @@ class UnsupportedOpsError(DayzeroError):
 
 @dataclass
 class _Missing:
+    """One cause of failure: how many nodes it stopped, the first one's line, and the ops it
+    stopped (one op for a missing converter; many for a data-dependent size they all need)."""
     count: int
     first: Location
+    ops: list[str] = field(default_factory=list)
+
+    def add(self, op: str) -> None:
+        self.count += 1
+        if op not in self.ops:
+            self.ops.append(op)
 
 
 def op_name(target: Any) -> str:
@@ -85,6 +95,9 @@ class FxConverter:
         self.emitter = Emitter(graph, symbols)
         self.env: dict[FxNode, Any] = {}
         self.missing: dict[str, _Missing] = {}
+        self.errors: dict[str, _Missing] = {}  # converters that failed: dayzero's own bugs
+        # unbacked size symbol -> the reported cause (and its table) whose result it sizes
+        self.size_causes: dict[str, tuple[str, dict[str, _Missing]]] = {}
         self.last_loc = fallback
 
     # -- driving --------------------------------------------------------------------------------
@@ -101,14 +114,27 @@ class FxConverter:
             self.last_loc = loc
         return loc or self.last_loc
 
-    def report(self, node: FxNode, what: str) -> Any:
-        """Record an unsupported node; stand in for its result so later nodes still get checked."""
-        entry = self.missing.get(what)
-        if entry is None:
-            self.missing[what] = _Missing(1, self.location(node))
-        else:
-            entry.count += 1
+    def report(self, node: FxNode, what: str, op: str | None = None,
+               into: dict[str, _Missing] | None = None) -> Any:
+        """Record an unsupported node under its cause `what` (in `missing`, or `into`); stand in
+        for its result so later nodes still get checked."""
+        table = self.missing if into is None else into
+        entry = table.setdefault(what, _Missing(0, self.location(node)))
+        entry.add(op or what)
+        for sym in _unbacked_symbols(node.meta.get("val")):  # sizes only this node could give
+            self.size_causes.setdefault(sym, (what, table))
         return self.placeholder_for(node.meta.get("val"))
+
+    def report_unsupported(self, node: FxNode, name: str, exc: Exception) -> Any:
+        """A data-dependent size is one cause however many ops need it (one entry per symbol);
+        any other reason is reported with its op."""
+        symbol = getattr(exc, "symbol", None)
+        if symbol in self.size_causes:  # made by an op already reported: the same problem
+            what, table = self.size_causes[symbol]
+            return self.report(node, what, name, into=table)
+        if symbol is not None:
+            return self.report(node, f"data-dependent size {symbol} (unbacked)", name)
+        return self.report(node, f"{name} ({exc})", name)
 
     def placeholder_for(self, val: Any) -> Any:
         """Values typed like torch's result but produced by no node: the graph is discarded
@@ -152,7 +178,7 @@ class FxConverter:
         try:
             return self.symbols.expr(node.meta["val"])
         except UnsupportedSymbol as exc:
-            return self.report(node, f"{name} ({exc})")
+            return self.report_unsupported(node, name, exc)
 
     def getitem(self, node: FxNode) -> Any:
         source, index = node.args
@@ -169,12 +195,16 @@ class FxConverter:
         self.emitter.begin(node.name, str(loc), node.meta.get("val"))
         try:
             result = converter(self.emitter, args)
+            self.emitter.finish(result)
+            self.check(node, name, loc, result)
         except (Unsupported, UnsupportedSymbol) as exc:
-            return self.report(node, f"{name} ({exc})")
-        except (ShapeError, TypeError, ValueError, KeyError, IndexError) as exc:
-            raise ConversionError(f"converting {name} at {loc.describe()}: {exc}") from exc
-        self.emitter.finish(result)
-        self.check(node, name, loc, result)
+            return self.report_unsupported(node, name, exc)
+        except (ConversionError, ShapeError, TypeError, ValueError, KeyError, IndexError) as exc:
+            # a converter bug: collected like a missing op so that every problem of the model
+            # is listed at once (and coverage still prints its table)
+            what = str(exc) if isinstance(exc, ConversionError) else \
+                f"converting {name} at {loc.describe()}: {type(exc).__name__}: {exc}"
+            return self.report(node, what, name, into=self.errors)
         return result
 
     # -- cross-check against torch ----------------------------------------------------------------
@@ -215,6 +245,18 @@ def _sample(lo: int, hi: int | None, k: int) -> int:
     return [lo, min(lo + 1, top), (lo + top) // 2, top][k]
 
 
+def _unbacked_symbols(val: Any) -> list[str]:
+    """Names of the data-dependent size symbols in the sizes of a node's result(s)."""
+    if isinstance(val, (tuple, list)):
+        return [s for v in val for s in _unbacked_symbols(v)]
+    dims = val.shape if isinstance(val, torch.Tensor) else [val] if _is_scalar(val) else []
+    names = []
+    for d in dims:
+        if isinstance(d, _SYM_INT_TYPES):
+            names += [s.name for s in d.node.expr.free_symbols if s.name.startswith("u")]
+    return names
+
+
 def _is_scalar(val: Any) -> bool:
     return isinstance(val, (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool))
 
@@ -229,14 +271,34 @@ def _contains_missing(arg: Any) -> bool:
     return False
 
 
+def _affected(m: _Missing, name: str) -> str:
+    others = [op for op in m.ops if op not in name]
+    if not others:
+        return ""
+    shown = ", ".join(others[:3]) + (f" +{len(others) - 3} more" if len(others) > 3 else "")
+    return f" (needed by {shown})"
+
+
+def conversion_error(errors: dict[str, _Missing],
+                     missing: dict[str, _Missing]) -> ConversionError:
+    """Every converter that failed (an internal error: a bug in dayzero), with the ops that are
+    merely missing listed after them."""
+    lines = [f"{what} (x{m.count})" for what, m in errors.items()]
+    if missing:
+        lines.append("also missing: " + ", ".join(missing))
+    return ConversionError("\n".join(lines))
+
+
 def unsupported_error(missing: dict[str, _Missing], model_name: str) -> UnsupportedOpsError:
-    """One error listing every op the IR lacks, with counts and first source lines."""
+    """One error listing every cause of failure (an op the IR lacks, a data-dependent size),
+    with node counts and first source lines."""
     width = max(len(name) for name in missing)
-    lines = [f"  {name:<{width}}  x{m.count:<3} first at {m.first.describe()}"
+    lines = [f"  {name:<{width}}  x{m.count:<3} first at {m.first.describe()}{_affected(m, name)}"
              for name, m in missing.items()]
     total = sum(m.count for m in missing.values())
     return UnsupportedOpsError(
-        f"{len(missing)} ATen op(s) ({total} node(s)) have no dayzero IR equivalent:\n"
+        f"{len(missing)} problem(s) stop the conversion of {total} node(s): ops with no dayzero IR "
+        "equivalent, or sizes the IR cannot hold:\n"
         + "\n".join(lines),
         where=f"model {model_name}",
         fix="add a converter for each op in compiler/frontend/aten/ (and an IR op in "

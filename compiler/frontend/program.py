@@ -17,7 +17,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from compiler.errors import DayzeroError
 from compiler.ir import Graph, TensorType, Value, verify
 
-from .convert import FxConverter, unsupported_error
+from .convert import FxConverter, conversion_error, unsupported_error
 from .emitter import Unsupported, ir_dtype
 from .locations import Location, module_location
 from .symbols import SymbolMap, UnsupportedSymbol
@@ -28,6 +28,8 @@ _INVALID = re.compile(r"[^A-Za-z0-9_]")
 def program_to_graph(ep: ExportedProgram, model: torch.nn.Module) -> Graph:
     """Convert a (decomposed) ExportedProgram; raises one DayzeroError listing unsupported ops."""
     graph, converter = convert_program(ep, model)
+    if converter.errors:
+        raise conversion_error(converter.errors, converter.missing)
     if converter.missing:
         raise unsupported_error(converter.missing, type(model).__name__)
     graph.outputs = _outputs(ep, converter, graph)

@@ -22,7 +22,12 @@ _SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
 class UnsupportedSymbol(ValueError):
-    """An expression the IR cannot hold: unbacked (data-dependent) sizes or exotic functions."""
+    """An expression the IR cannot hold: unbacked (data-dependent) sizes or exotic functions.
+    `symbol` names the data-dependent size, so every op it reaches is reported as one cause."""
+
+    def __init__(self, message: str, symbol: str | None = None):
+        super().__init__(message)
+        self.symbol = symbol
 
 
 def _floor_div(a, b):
@@ -95,8 +100,10 @@ class SymbolMap:
     def _convert(self, e: sympy.Basic) -> sympy.Basic:
         if isinstance(e, sympy.Symbol):
             if e not in self.names:
-                kind = "data-dependent (unbacked)" if e.name.startswith("u") else "undeclared"
-                raise UnsupportedSymbol(f"size symbol {e} is {kind}")
+                unbacked = e.name.startswith("u")
+                kind = "data-dependent (unbacked)" if unbacked else "undeclared"
+                raise UnsupportedSymbol(f"size symbol {e} is {kind}",
+                                        symbol=e.name if unbacked else None)
             return symbol(self.names[e])
         if isinstance(e, (IntInfinity, NegativeIntInfinity)):
             raise UnsupportedSymbol("an unbounded size appears inside an expression")

@@ -49,8 +49,11 @@ def export_partial(model: torch.nn.Module, example_inputs: tuple,
                             exc) from exc
     drop_data_checks(program)
     graph, converter = convert_program(program, model)
-    return PartialExport(graph, _missing(converter.missing))
+    errors = {f"{entry.ops[0]} (converter error: {what.split(': ', 1)[-1]})": entry
+              for what, entry in converter.errors.items()}
+    return PartialExport(graph, _missing({**converter.missing, **errors}))
 
 
 def _missing(collected: Mapping[str, object]) -> list[MissingOp]:
+    """Missing ops and failed converters alike: neither backend gets the node."""
     return [MissingOp(name, entry.count, entry.first) for name, entry in collected.items()]

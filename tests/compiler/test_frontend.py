@@ -354,6 +354,43 @@ def test_type_mismatch_is_an_internal_error(monkeypatch):
         compiler.export(Fn(lambda m, x: torch.relu(x)), (x34,))
 
 
+class TwoDataDependentSizes(torch.nn.Module):
+    def forward(self, x):
+        rows = torch.nonzero(x > 0)[:, 0]  # one data-dependent size (u0), needed by four ops
+        cols = torch.nonzero(x < 0)[:, 1]  # and another
+        return (x[rows] * 2 + 1).exp().sum(0), (x[:, cols] - 1).relu()
+
+
+def test_a_data_dependent_size_is_reported_once_with_the_op_that_makes_it():
+    with pytest.raises(UnsupportedOpsError) as info:
+        compiler.export(TwoDataDependentSizes(), (torch.randn(4, 3),))
+    assert list(info.value.ops) == ["aten.nonzero.default"]
+    assert "1 problem(s)" in info.value.what and "needed by aten.sym_size.int" in info.value.what
+
+
+def test_failed_converters_are_collected_with_the_missing_ops(monkeypatch):
+    """A converter bug stays an internal error, but it no longer hides what else is missing:
+    every failure and every missing op comes out in one message (and in coverage's table)."""
+    from compiler.frontend.aten import CONVERTERS
+    from compiler.tools.partial_export import export_partial
+
+    def broken(em, a):
+        raise TypeError("a bug")
+
+    monkeypatch.setitem(CONVERTERS, "aten.relu.default", broken)
+    monkeypatch.delitem(CONVERTERS, "aten.exp.default")
+    model = Fn(lambda m, x: (torch.relu(x), torch.relu(x + 1), torch.exp(x)))
+    with pytest.raises(ConversionError) as info:
+        compiler.export(model, (x34,))
+    first, *rest = str(info.value).splitlines()
+    assert re.match(r"converting aten.relu.default at .*test_frontend.py:\d+ .*TypeError: a bug "
+                    r"\(x2\)", first)
+    assert rest == ["also missing: aten.exp.default"]
+    missing = {m.name: m.count for m in export_partial(model, (x34,)).missing}
+    assert missing == {"aten.exp.default": 1,
+                       "aten.relu.default (converter error: TypeError: a bug)": 2}
+
+
 def test_training_modes_are_restored():
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5)).train()
     model[0].eval()
