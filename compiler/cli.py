@@ -1,12 +1,14 @@
 """The `dayzero` command line (shared/DESIGN.md, "Command line").
 
 Exit status: 0 success; 1 a user-facing error, printed as one message without a traceback
-(unless --debug); 2 bad command-line usage (argparse's own convention).
+(unless --debug); 2 bad command-line usage (argparse's own convention); 141 (128 + SIGPIPE, as
+other command-line tools) when the reader of the output went away (`dayzero inspect m.dz | head`).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 from collections.abc import Sequence
@@ -14,15 +16,33 @@ from collections.abc import Sequence
 from .commands import COMMANDS
 from .errors import DayzeroError
 
+SIGPIPE_EXIT = 141
+
+
+def version() -> str:
+    """The installed package's version (the one artifacts record as producer_version)."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("dayzero")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
+        return "unknown (not installed; pip install -e .)"
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dayzero", description="Compile PyTorch models to "
                                      "self-contained artifacts and run them.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    parser.add_argument("--version", action="version", version=f"dayzero {version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     for command in COMMANDS:
         command.add_parser(sub)
+    for command_parser in sub.choices.values():
+        # `dayzero run m.dz --debug` as well as `dayzero --debug run m.dz`; SUPPRESS keeps the
+        # top-level value when the subcommand does not repeat it
+        command_parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                                    help="show tracebacks on errors")
     return parser
 
 
@@ -30,7 +50,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return args.handler(args) or 0
+        status = args.handler(args) or 0
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        return status
+    except BrokenPipeError:
+        return _reader_went_away()
     except DayzeroError as exc:
         if args.debug:
             traceback.print_exc()
@@ -45,6 +69,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"internal error: {type(exc).__name__}: {exc}\n  fix: rerun with --debug and "
               "report the traceback", file=sys.stderr)
         return 1
+
+
+def _reader_went_away() -> int:
+    """Output into a closed pipe: stop quietly, as `cat` does. What is still buffered goes to
+    /dev/null so that the interpreter's final flush does not complain either."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout is not a real file (captured in tests)
+        pass
+    return SIGPIPE_EXIT
 
 
 if __name__ == "__main__":
