@@ -40,9 +40,10 @@ def inspect_command(args) -> int:
         artifact = open_artifact(path)
         manifest = dict(artifact.manifest)
         # a partitioned artifact's graph.dzir is the annotated global graph, not rank 0's
-        text = (path / manifest["graph"]).read_text() if manifest.get("parallel", {}).get(
-            "world_size", 1) > 1 else artifact.graph_text()
-        graph = parse_ir(text, source=str(path / "graph.dzir"))
+        partitioned_graph = manifest.get("parallel", {}).get("world_size", 1) > 1
+        text = artifact.global_graph_text() if partitioned_graph else artifact.graph_text()
+        graph = parse_ir(text, source=str(path / (manifest["graph"] if partitioned_graph
+                                                  else "graph.dzir")))
         if args.rank is not None:
             graph = parse_ir(artifact.graph_text(args.rank), source=f"{path} rank {args.rank}")
     else:

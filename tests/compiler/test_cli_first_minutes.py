@@ -3,6 +3,7 @@ verdicts, input files, output locations, and what compile says it did."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,21 @@ import pytest
 from compiler.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
+MLP = f"{ROOT}/examples/mlp.py:build"
+
+
+@pytest.fixture(scope="module")
+def mlp(tmp_path_factory):
+    """examples/mlp.py on the reference backend: input `input` f32[s0, 32], s0 = Dim batch."""
+    out = tmp_path_factory.mktemp("first") / "mlp.dz"
+    assert main(["compile", MLP, "-o", str(out), "--backend", "reference"]) == 0
+    return out
+
+
+def _spec_file(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "spec.py"
+    path.write_text("import torch\n" + body)
+    return path
 
 
 # -- flags -------------------------------------------------------------------------------------
@@ -47,3 +63,21 @@ def test_output_into_a_closed_pipe_ends_quietly(tmp_path):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141
     assert err == ""
+
+
+# -- inspect reads only what the manifest lists and the loader checked -------------------------
+
+def test_inspect_does_not_follow_the_manifest_out_of_the_artifact(mlp, tmp_path, capsys):
+    import shutil
+
+    bad = tmp_path / "bad.dz"
+    shutil.copytree(mlp, bad)
+    manifest = json.loads((bad / "manifest.json").read_text())
+    manifest["parallel"]["world_size"] = 2  # take inspect's partitioned-artifact path
+    for target in ("/etc/passwd", "../../outside.dzir", "unlisted.dzir"):
+        manifest["graph"] = target
+        (bad / "manifest.json").write_text(json.dumps(manifest))
+        assert main(["inspect", str(bad)]) == 1
+        err = capsys.readouterr().err
+        assert "root:" not in err and "internal error" not in err
+        assert "not a plain relative path" in err or "not listed in manifest.json" in err
