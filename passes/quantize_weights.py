@@ -55,11 +55,39 @@ class QuantizeWeights(Pass):
         return PassResult(graph, changed)
 
     def _fits(self, graph: Graph, node: Node) -> bool:
+        return self.skip_reason(graph, node) is None
+
+    def skip_reason(self, graph: Graph, node: Node) -> str | None:
+        """Why this linear stays in float (None: it is quantized)."""
         w = node.inputs[1]
-        if not graph.is_weight(w) or w.type.rank != 2 or not w.dtype.is_float:
-            return False
+        if not graph.is_weight(w):
+            return "weight is computed, not stored"
+        if w.type.rank != 2 or not w.dtype.is_float:
+            return "weight is not a 2-d float tensor"
         k = w.shape[1]
-        return isinstance(k, int) and k % self.group_size == 0
+        if not isinstance(k, int) or k % self.group_size:
+            return f"in-features {k} not a multiple of group_size {self.group_size}"
+        return None
+
+    def survey(self, graph: Graph) -> str:
+        """One line for the compile log: how many linears this pass quantizes, and per reason
+        how many it leaves in float (counted with the predicate `run` uses)."""
+        reasons: dict[str, int] = {}
+        linears = [n for n in graph.nodes if n.op == "linear"]
+        for node in linears:
+            reason = self.skip_reason(graph, node)
+            if reason is not None:
+                reasons[reason] = reasons.get(reason, 0) + 1
+        done = len(linears) - sum(reasons.values())
+        line = (f"quantize_weights: {done} of {len(linears)} linear layers to int{self.bits} "
+                f"(group_size {self.group_size})")
+        if reasons:
+            line += "; left in float: " + "; ".join(
+                f"{count} ({reason})" for reason, count in sorted(reasons.items()))
+        if any(r.startswith("in-features") for r in reasons):
+            line += ("\n  (a smaller quantize.group_size that divides the in-features, e.g. 32, "
+                     "quantizes more)")
+        return line
 
     def _replace(self, graph: Graph, node: Node) -> None:
         w = node.inputs[1]
