@@ -184,9 +184,9 @@ def _explain_pipeline(pipeline: list, graph: Graph, cfg: CompileConfig, target,
         skipped = [p.name for p in parse_pipeline(target.default_pipeline) if p.name not in kept]
         if skipped:
             log.line(f"  note: {', '.join(skipped)} skipped: a partitioned compile "
-                     f"(parallel: {_mesh_text(cfg)}) uses the default pipeline, because tensor "
-                     f"parallelism shards the unfused projections; backend {target.name} "
-                     "alone would run them")
+                     f"(parallel: {_mesh_text(cfg)}) runs the default pipeline, not backend "
+                     f"{target.name}'s, because tensor parallelism shards the unfused "
+                     "projections")
     names = [p.name for p in pipeline]
     if "quantize_weights" in names:
         index = names.index("quantize_weights")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -225,3 +226,22 @@ def test_inspect_does_not_follow_the_manifest_out_of_the_artifact(mlp, tmp_path,
         err = capsys.readouterr().err
         assert "root:" not in err and "internal error" not in err
         assert "not a plain relative path" in err or "not listed in manifest.json" in err
+
+
+# -- a tensor-parallel artifact: what compile skipped, run's timing, bench -----------------------
+
+@pytest.mark.slow  # one launch of two rank processes (~10 s on 2 cores)
+def test_tensor_parallel_compile_run_and_bench(tmp_path, capsys):
+    (tmp_path / "tp.yaml").write_text("parallel: {tensor_parallel: 2}\n")
+    out = tmp_path / "tp.dz"
+    assert main(["compile", MLP, "-o", str(out), "--config", str(tmp_path / "tp.yaml")]) == 0
+    err = capsys.readouterr().err
+    assert "note: fuse skipped: a partitioned compile (parallel: tensor_parallel 2)" in err
+    assert main(["bench", str(out)]) == 1  # was: 'LaunchedModel' object has no attribute
+    err = capsys.readouterr().err
+    assert "partitioned for 2 ranks" in err and "torchrun --nproc-per-node 2" in err
+    result = subprocess.run([sys.executable, "-m", "compiler.cli", "run", str(out), "--size",
+                             "batch=3"], capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"ran in [\d.]+ ms on 2 ranks; starting and loading the ranks took "
+                     r"[\d.]+ ms more", result.stdout), result.stdout
