@@ -208,6 +208,7 @@ def test_compile_says_what_quantization_covered(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "quantize_weights: 2 of 3 linear layers to int4 (group_size 64); left in float: " \
            "1 (in-features 32 not a multiple of group_size 64)" in err
+    assert "(quantize.group_size 32 would quantize 1 of those as well" in err
 
 
 # -- inspect reads only what the manifest lists and the loader checked -------------------------
