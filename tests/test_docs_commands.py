@@ -22,19 +22,32 @@ import pytest
 from compiler.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# docs whose commands all run here, and the commands left out, with why
+DOCS = ["docs/performance.md", "docs/parallel.md"]
+LEFT_OUT = {
+    "dayzero run llama_tp2pp2.dz --nproc 4":
+        "four rank processes on two cores take about a minute; tests/runtime/test_distributed.py "
+        "runs the same tp=2 x pp=2 layout of this model on four ranks",
+}
+# Not run: docs/adapting-a-new-model.md (coverage/align of six models, llava and triton among
+# them: minutes), docs/backends.md (SPEC placeholders), docs/ops.md and the benchmark commands
+# of docs/performance.md (developer tools, long).
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 
 
 @dataclass
 class Step:
-    kind: str  # "shell" (one command line) or "python" (a block)
+    kind: str  # "shell" (one command line), "python" (a block) or "file" (a named yaml block)
     text: str
     line: int  # where it is in the file, for the failure message
 
 
-def doc_steps(text: str, section: str | None = None) -> list[Step]:
+def doc_steps(text: str, section: str | None = None,
+              shells: tuple[str, ...] = ("console", "bash", "sh", "shell")) -> list[Step]:
     """The commands (`$ ` lines of console/bash blocks, `\\` continuations joined) and the
-    python blocks of a Markdown text, in order; with `section`, of that `## ` section only."""
+    python blocks of a Markdown text, in order; with `section`, of that `## ` section only;
+    `shells` are the block languages read for commands ("" for plain blocks)."""
     lines_before = 0
     if section is not None:
         offset = text.index(f"\n## {section}\n")
@@ -47,7 +60,9 @@ def doc_steps(text: str, section: str | None = None) -> list[Step]:
         first = lines_before + text.count("\n", 0, match.start()) + 1
         if lang == "python":
             steps.append(Step("python", body, first))
-        elif lang in ("console", "bash", "sh", "shell"):
+        elif lang == "yaml" and re.match(r"# [\w.-]+\.ya?ml\n", body):
+            steps.append(Step("file", body, first))  # "# parallel.yaml": a file the text uses
+        elif lang in shells:
             lines = body.splitlines()
             i = 0
             while i < len(lines):
@@ -72,6 +87,10 @@ def main_job(text: str) -> list[Step]:
 
 def run_step(step: Step, where: Path) -> tuple[int, str]:
     """Run one step in `where`; its exit status and what it printed."""
+    if step.kind == "file":
+        name = step.text.split("\n", 1)[0][2:]
+        (where / name).write_text(step.text)
+        return 0, ""
     if step.kind == "python":
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
@@ -131,3 +150,38 @@ def test_readme_tour_runs_in_order(fresh_folder):
     assert verdict and "matches PyTorch eager within" in verdict[0]
     assert (fresh_folder / "out.npz").is_file() and (fresh_folder / "arena.png").is_file()
     assert (fresh_folder / "llama_ref.dz" / "manifest.json").is_file()
+
+
+@pytest.mark.slow  # a tiny-Llama compile per doc, an inspect or two: ~10 s each on 2 cores
+@pytest.mark.parametrize("doc", DOCS)
+def test_doc_commands_run_in_order(doc, fresh_folder):
+    steps = doc_steps((ROOT / doc).read_text())
+    assert any(s.kind == "shell" for s in steps)
+    for step in steps:
+        if step.text in LEFT_OUT:
+            continue
+        status, output = run_step(step, fresh_folder)
+        assert status == 0, f"{doc}:{step.line}: `{step.text}` exited {status}:\n{output}"
+
+
+def test_every_documented_dayzero_command_parses():
+    """Cheap check of the commands no test runs: each `$ dayzero ...` line of README.md and
+    docs/*.md is accepted by the argument parser and names SPEC files that exist."""
+    from compiler.cli import build_parser
+
+    checked = 0
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for step in doc_steps(doc.read_text(), shells=("console", "bash", "")):
+            argv = shlex.split(step.text, comments=True) if step.kind == "shell" else []
+            if argv[:1] != ["dayzero"] or "--help" in argv or "--version" in argv:
+                continue
+            try:
+                args = build_parser().parse_args(argv[1:])
+            except SystemExit:
+                raise AssertionError(f"{doc.name}:{step.line}: `{step.text}` does not "
+                                     "parse") from None
+            spec = getattr(args, "spec", None) or ""
+            if ".py:" in spec:
+                assert (ROOT / spec.split(":")[0]).is_file(), f"{doc.name}:{step.line}: {spec}"
+            checked += 1
+    assert checked >= 20
