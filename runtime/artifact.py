@@ -64,7 +64,7 @@ class Artifact:
         weight_files = {f for r in self._ranks for f in r["weights"]}
         mine = weight_files if rank is None else set(self._rank(rank)["weights"])
         _check_files(self.root, self.manifest["files"], verify, weight_files, weight_files - mine)
-        self._entries = {f: st.read_header(self.root / f, f) for f in sorted(mine)}
+        self._entries = {f: st.read_header(self.file(f, "weight file"), f) for f in sorted(mine)}
         self._maps: dict[tuple[str, str], np.memmap] = {}
 
     def __repr__(self) -> str:
@@ -124,7 +124,8 @@ class Artifact:
     def _map(self, file: str, mode: str) -> np.memmap:
         key = (file, mode)
         if key not in self._maps:
-            self._maps[key] = np.memmap(self.root / file, dtype=np.uint8, mode=mode)
+            self._maps[key] = np.memmap(self.file(file, "weight file"), dtype=np.uint8,
+                                        mode=mode)
         return self._maps[key]
 
     def _rank(self, rank: int | None) -> dict[str, Any]:
