@@ -20,13 +20,22 @@ SIGPIPE_EXIT = 141
 
 
 def version() -> str:
-    """The installed package's version (the one artifacts record as producer_version)."""
+    """The installed package's version (the one artifacts record as producer_version); from a
+    source tree that is not installed, the version its pyproject.toml declares."""
     import importlib.metadata
+    import re
+    from pathlib import Path
 
     try:
         return importlib.metadata.version("dayzero")
-    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
-        return "unknown (not installed; pip install -e .)"
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    try:
+        text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    except OSError:
+        return "unknown"
+    found = re.search(r'^\[project\][^\[]*?^version\s*=\s*"([^"]+)"', text, re.M | re.S)
+    return f"{found.group(1)} (source tree, not installed)" if found else "unknown"
 
 
 def build_parser() -> argparse.ArgumentParser:

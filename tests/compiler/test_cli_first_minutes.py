@@ -44,6 +44,19 @@ def test_version_prints_the_package_version(capsys):
     assert capsys.readouterr().out.strip() == f"dayzero {importlib.metadata.version('dayzero')}"
 
 
+def test_version_without_an_installed_package_reads_pyproject(monkeypatch):
+    import importlib.metadata
+
+    from compiler.cli import version
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    declared = re.search(r'^version = "(.+)"', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert version() == f"{declared.group(1)} (source tree, not installed)"
+
+
 def test_debug_works_after_the_subcommand(tmp_path, capsys):
     assert main(["inspect", str(tmp_path / "missing.dz"), "--debug"]) == 1
     err = capsys.readouterr().err
