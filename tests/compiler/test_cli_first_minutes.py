@@ -102,6 +102,12 @@ def test_size_takes_the_dim_name_or_the_symbol(mlp, capsys):
     assert "inputs: generated input[5, 32]" in capsys.readouterr().out
 
 
+def test_inspect_lists_the_size_symbols_and_their_dim_names(mlp, capsys):
+    assert main(["inspect", str(mlp)]) == 0
+    assert "# size symbols (dayzero run --size NAME=N): s0 (batch) in [1, 1024]\n" in \
+        capsys.readouterr().out
+
+
 def test_size_with_an_unknown_name_lists_the_known_ones(mlp, capsys):
     assert main(["run", str(mlp), "--size", "seq=300"]) == 1
     err = capsys.readouterr().err
