@@ -62,8 +62,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         status = args.handler(args) or 0
         sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
         return status
-    except BrokenPipeError:
-        return _reader_went_away()
+    except BrokenPipeError as exc:
+        if _stdout_closed():
+            return _reader_went_away()
+        return _internal_error(exc, args.debug)  # another pipe or socket: a real failure
     except DayzeroError as exc:
         if args.debug:
             traceback.print_exc()
@@ -73,11 +75,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # an internal bug: say so, keep the traceback behind --debug
-        if args.debug:
-            traceback.print_exc()
-        print(f"internal error: {type(exc).__name__}: {exc}\n  fix: rerun with --debug and "
-              "report the traceback", file=sys.stderr)
-        return 1
+        return _internal_error(exc, args.debug)
+
+
+def _internal_error(exc: Exception, debug: bool) -> int:
+    if debug:
+        traceback.print_exc()
+    print(f"internal error: {type(exc).__name__}: {exc}\n  fix: rerun with --debug and "
+          "report the traceback", file=sys.stderr)
+    return 1
+
+
+def _stdout_closed() -> bool:
+    """Whether the BrokenPipeError is stdout's: its pipe reports that the reader is gone."""
+    try:
+        import select
+
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no real stdout (captured): cannot tell
+        return True
 
 
 def _reader_went_away() -> int:

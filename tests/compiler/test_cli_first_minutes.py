@@ -81,6 +81,21 @@ def test_output_into_a_closed_pipe_ends_quietly(tmp_path):
     assert err == ""
 
 
+def test_a_broken_pipe_that_is_not_stdout_stays_an_error():
+    """A BrokenPipeError from a socket or a child's pipe is a failure, not a reader gone."""
+    script = ("import sys\n"
+              "from compiler import cli\n"
+              "from compiler.commands import backends\n"
+              "def broken(args):\n"
+              "    raise BrokenPipeError(32, 'Broken pipe')\n"
+              "backends.backends_command = broken\n"
+              "sys.exit(cli.main(['backends']))\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            cwd=ROOT, timeout=60)
+    assert result.returncode == 1
+    assert "internal error: BrokenPipeError" in result.stderr
+
+
 def test_compile_help_lists_passes_and_default_pipelines(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["compile", "--help"])
