@@ -38,29 +38,70 @@ def compile(model, example_inputs: tuple, out: str | Path = "model.dz",
     _refuse_unimplemented(cfg)
     target = _backend(backend)
     out = Path(out)
-    if out.exists() and not force:
-        raise DayzeroError(f"output path {out} already exists", str(out),
-                           "choose another path or pass --force (force=True) to replace it")
+    _check_destinations(out, force, dump_ir)  # before the minutes of export and passes
     with log.stage("export"):
         graph = export(model, example_inputs, dynamic_shapes=dynamic_shapes)
         log.line(f"  {len(graph.nodes)} nodes, {len(graph.weights)} weights")
+        aliases = symbol_aliases(graph, dynamic_shapes)
+        if aliases:
+            log.line("  size symbols: " + ", ".join(f"{sym} ({name})"
+                                                    for name, sym in aliases.items()))
     if checkpoint is None:
         return lower_and_write(graph, out, target, cfg, passes=passes, dump_ir=dump_ir,
-                               force=force, log=log, fallback=fallback, report=report)
+                               force=force, log=log, fallback=fallback, report=report,
+                               aliases=aliases)
     graph = checkpoint.bind(graph, log)
     with checkpoint.streaming(log) as progress:
         return lower_and_write(graph, out, target, cfg, passes=passes, dump_ir=dump_ir,
                                force=force, log=log, progress=progress, fallback=fallback,
-                               report=report)
+                               report=report, aliases=aliases)
+
+
+def symbol_aliases(graph: Graph, dynamic_shapes: Any) -> dict[str, str]:
+    """The user's torch.export Dim names for the graph's size symbols, e.g. {"seq": "s0"}.
+
+    The IR names symbols s0, s1, ... (torch.export forgets Dim names); the manifest records
+    these aliases so that `dayzero run --size seq=300` works as well as `--size s0=300`. Only
+    unambiguous ones: a name used for two symbols, or that is itself a symbol, is left out.
+    """
+    if isinstance(dynamic_shapes, Mapping):
+        per_input = list(dynamic_shapes.values())
+    elif isinstance(dynamic_shapes, (list, tuple)):
+        per_input = list(dynamic_shapes)
+    else:
+        return {}
+    if len(per_input) != len(graph.inputs):
+        return {}
+    found: dict[str, set[str]] = {}
+    for value, dims in zip(graph.inputs, per_input):
+        if isinstance(dims, Mapping):
+            items = dims.items()
+        elif isinstance(dims, (list, tuple)):
+            items = enumerate(dims)
+        else:
+            continue
+        for index, dim in items:
+            name = getattr(dim, "__name__", None)
+            if not isinstance(name, str) or not isinstance(index, int) or \
+                    not 0 <= index < len(value.type.shape):
+                continue
+            size = value.type.shape[index]
+            text = size if isinstance(size, str) else getattr(size, "name", None)
+            if isinstance(text, str) and text in graph.symbols:
+                found.setdefault(name, set()).add(text)
+    return {name: next(iter(syms)) for name, syms in sorted(found.items())
+            if len(syms) == 1 and name not in graph.symbols}
 
 
 def lower_and_write(graph: Graph, out: Path, target, cfg: CompileConfig, *,
                     passes: str | None, dump_ir, force: bool, log: StageLog,
                     progress: Any = None, fallback: str | None = None,
-                    report: Callable[[str], None] | None = None) -> Path:
+                    report: Callable[[str], None] | None = None,
+                    aliases: Mapping[str, str] | None = None) -> Path:
     """Run the pipeline on an exported graph and write the artifact for `target`.
 
     `progress` (total weight bytes -> callback or None) replaces the plain progress bar.
+    `aliases` (Dim name -> size symbol, see `symbol_aliases`) go into the manifest.
     """
     from passes import DEFAULT_PIPELINE, PassManager, format_pipeline, parse_pipeline
     from passes.fusion.decompose import decompose_unsupported
@@ -73,12 +114,16 @@ def lower_and_write(graph: Graph, out: Path, target, cfg: CompileConfig, *,
     manager = PassManager(pipeline, dump_dir=dump_ir, log=log.line)
     before = op_counts(graph)  # passes change the graph in place
     with log.stage("passes", format_pipeline(pipeline)):
-        graph = manager.run(graph)
+        _explain_pipeline(pipeline, graph, cfg, target, passes, log)
+        try:
+            graph = manager.run(graph)
+        except OSError as exc:  # --dump-ir's folder
+            raise _write_error(exc, Path(dump_ir) if dump_ir else out) from exc
     if report is not None:
         report(fusion_report(before, graph, records_of(manager)))
     if _world_size(cfg) > 1:
         return _write_partitioned(graph, out, target, cfg, format_pipeline(pipeline),
-                                  dump_ir=dump_ir, force=force, log=log)
+                                  dump_ir=dump_ir, force=force, log=log, aliases=aliases)
     fallback_target = _backend(fallback) if fallback else None
     # fused ops a backend has no kernel for run as their decomposition into primitive ops, on
     # the target where it runs them (the fallback only gets what the target cannot run)
@@ -88,16 +133,70 @@ def lower_and_write(graph: Graph, out: Path, target, cfg: CompileConfig, *,
     extra = {"pipeline": format_pipeline(pipeline),
              "config": {"parallel": cfg.parallel, "precision": cfg.precision,
                         "quantize": cfg.quantize}}
+    if aliases:
+        extra["symbol_aliases"] = dict(aliases)
     memory_plan = memory_plan_for(pipeline, graph)  # the final graph's plan, if one is asked for
     if memory_plan is not None:
         extra["memory_plan"] = memory_plan
     with log.stage("lower+write", f"backend {target.name} -> {out}"):
         total = sum(int(getattr(t, "nbytes", 0)) for t in graph.weight_data.values())
         bar = progress(total) if progress is not None else log.progress(total, "weights")
-        path = write_artifact(out, graph, target, options=options, force=force,
-                              manifest_extra=extra, progress=bar)
+        try:
+            path = write_artifact(out, graph, target, options=options, force=force,
+                                  manifest_extra=extra, progress=bar)
+        except OSError as exc:
+            raise _write_error(exc, out) from exc
     log.line(f"wrote {path}")
     return path
+
+
+def _check_destinations(out: Path, force: bool, dump_ir) -> None:
+    """The artifact's and --dump-ir's locations can be written, checked before export."""
+    from runtime.artifact_writer import check_destination
+
+    check_destination(out, force)
+    if dump_ir is not None:
+        check_destination(Path(dump_ir), force=True, folder_ok=True, what="--dump-ir folder")
+
+
+def _write_error(exc: OSError, out: Path) -> DayzeroError:
+    """An OSError while writing (disk full, file too large, permissions) as a user error."""
+    import errno
+
+    reason = exc.strerror or str(exc)
+    fixes = {errno.ENOSPC: "free disk space, or write the artifact to another disk",
+             errno.EDQUOT: "free disk space (quota), or write the artifact to another disk",
+             errno.EFBIG: "the file size limit was reached (ulimit -f, or the filesystem's "
+                          "limit): raise it or write the artifact to another disk"}
+    where = str(exc.filename) if exc.filename else str(out)
+    return DayzeroError(f"writing {out} failed: {reason}", where,
+                        fixes.get(exc.errno, "choose a writable output location"))
+
+
+def _explain_pipeline(pipeline: list, graph: Graph, cfg: CompileConfig, target,
+                      passes: str | None, log: StageLog) -> None:
+    """Log lines that say what the config did to the pipeline: the passes a partitioned compile
+    leaves out of the backend's own pipeline, and what weight quantization will cover."""
+    if _world_size(cfg) > 1 and not (passes or cfg.passes) and target.default_pipeline:
+        from passes import DEFAULT_PIPELINE, parse_pipeline
+
+        kept = {p.name for p in parse_pipeline(DEFAULT_PIPELINE)}
+        skipped = [p.name for p in parse_pipeline(target.default_pipeline) if p.name not in kept]
+        if skipped:
+            log.line(f"  note: {', '.join(skipped)} skipped: a partitioned compile "
+                     f"(parallel: {_mesh_text(cfg)}) runs the default pipeline, not backend "
+                     f"{target.name}'s, because tensor parallelism shards the unfused "
+                     "projections")
+    names = [p.name for p in pipeline]
+    if "quantize_weights" in names:
+        index = names.index("quantize_weights")
+        if all(name == "precision" for name in names[:index]):  # it sees this graph
+            for line in pipeline[index].survey(graph).splitlines():
+                log.line(f"  {line}")
+
+
+def _mesh_text(cfg: CompileConfig) -> str:
+    return ", ".join(f"{k} {v}" for k, v in cfg.parallel.items() if v != 1)
 
 
 def _default_pipeline(cfg: CompileConfig, target, default: str) -> str:
@@ -118,7 +217,8 @@ def _world_size(cfg: CompileConfig) -> int:
 
 
 def _write_partitioned(graph: Graph, out: Path, target, cfg: CompileConfig, pipeline: str, *,
-                       dump_ir, force: bool, log: StageLog) -> Path:
+                       dump_ir, force: bool, log: StageLog,
+                       aliases: Mapping[str, str] | None = None) -> Path:
     """Partition over the `parallel:` mesh and write one graph and weight shards per rank."""
     from passes.parallel import Mesh
     from passes.parallel.partition import partition
@@ -136,12 +236,17 @@ def _write_partitioned(graph: Graph, out: Path, target, cfg: CompileConfig, pipe
     extra = {"pipeline": pipeline, "parallel": layout,
              "config": {"parallel": cfg.parallel, "precision": cfg.precision,
                         "quantize": cfg.quantize}}
+    if aliases:
+        extra["symbol_aliases"] = dict(aliases)
     with log.stage("lower+write", f"backend {target.name}, {mesh.world_size} ranks -> {out}"):
         total = sum(int(getattr(t, "nbytes", 0)) for r in plan.ranks
                     for t in r.graph.weight_data.values())
-        path = write_artifact(out, plan.graph, target, options=cfg.options_for(target.name),
-                              force=force, manifest_extra=extra,
-                              progress=log.progress(total, "weights"), ranks=plan.ranks)
+        try:
+            path = write_artifact(out, plan.graph, target, options=cfg.options_for(target.name),
+                                  force=force, manifest_extra=extra,
+                                  progress=log.progress(total, "weights"), ranks=plan.ranks)
+        except OSError as exc:
+            raise _write_error(exc, out) from exc
     log.line(f"wrote {path}")
     return path
 

@@ -85,8 +85,11 @@ def _user_frame(exc: BaseException, path: Path) -> str:
 def _check_result(result: Any, spec: str) -> ModelSpec:
     import torch
 
-    if not isinstance(result, tuple) or len(result) not in (2, 3):
+    if not isinstance(result, tuple):
         raise DayzeroError(f"{spec} returned {type(result).__name__}, not a tuple", spec,
+                           f"return {_RETURN_SHAPE}")
+    if len(result) not in (2, 3):
+        raise DayzeroError(f"{spec} returned a tuple of {len(result)} item(s), not 2 or 3", spec,
                            f"return {_RETURN_SHAPE}")
     module, inputs, *rest = result
     if not isinstance(module, torch.nn.Module):

@@ -55,11 +55,43 @@ class QuantizeWeights(Pass):
         return PassResult(graph, changed)
 
     def _fits(self, graph: Graph, node: Node) -> bool:
+        return self.skip_reason(graph, node) is None
+
+    def skip_reason(self, graph: Graph, node: Node) -> str | None:
+        """Why this linear stays in float (None: it is quantized)."""
         w = node.inputs[1]
-        if not graph.is_weight(w) or w.type.rank != 2 or not w.dtype.is_float:
-            return False
+        if not graph.is_weight(w):
+            return "weight is computed, not stored"
+        if w.type.rank != 2 or not w.dtype.is_float:
+            return "weight is not a 2-d float tensor"
         k = w.shape[1]
-        return isinstance(k, int) and k % self.group_size == 0
+        if not isinstance(k, int) or k % self.group_size:
+            return f"in-features {k} not a multiple of group_size {self.group_size}"
+        return None
+
+    def survey(self, graph: Graph) -> str:
+        """One line for the compile log: how many linears this pass quantizes, and per reason
+        how many it leaves in float (counted with the predicate `run` uses)."""
+        reasons: dict[str, int] = {}
+        linears = [n for n in graph.nodes if n.op == "linear"]
+        widths = []
+        for node in linears:
+            reason = self.skip_reason(graph, node)
+            if reason is not None:
+                reasons[reason] = reasons.get(reason, 0) + 1
+                if reason.startswith("in-features") and isinstance(node.inputs[1].shape[1], int):
+                    widths.append(node.inputs[1].shape[1])
+        done = len(linears) - sum(reasons.values())
+        line = (f"quantize_weights: {done} of {len(linears)} linear layers to int{self.bits} "
+                f"(group_size {self.group_size})")
+        if reasons:
+            line += "; left in float: " + "; ".join(
+                f"{count} ({reason})" for reason, count in sorted(reasons.items()))
+        fit = _group_size_for(widths, self.group_size)
+        if fit:
+            line += (f"\n  (quantize.group_size {fit[0]} would quantize {fit[1]} of those as "
+                     "well; ONNX Runtime's MatMulNBits takes powers of two from 16)")
+        return line
 
     def _replace(self, graph: Graph, node: Node) -> None:
         w = node.inputs[1]
@@ -74,6 +106,19 @@ class QuantizeWeights(Pass):
         graph.replace_uses(node.output, new.output)
         graph.remove_nodes([node])
         new.output.name = node.output.name  # the value it replaces is gone: dumps read the same
+
+
+def _group_size_for(widths: list[int], largest: int) -> tuple[int, int] | None:
+    """A smaller group size that also quantizes layers of these in-features, and how many:
+    the power of two from 16 (MatMulNBits' block sizes) below `largest` fitting the most."""
+    best = None
+    size = 16
+    while size < largest:
+        count = sum(1 for w in widths if w % size == 0)
+        if count and (best is None or count >= best[1]):
+            best = (size, count)
+        size *= 2
+    return best
 
 
 def quantize(weight: Any, bits: int, group_size: int) -> tuple[Any, Any]:

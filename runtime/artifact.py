@@ -12,6 +12,12 @@ model.dz/
 
 The reader trusts nothing: it checks the format version, every file's size and hash,
 and the safetensors headers, and maps weights with mmap. No pickle, nothing in it is executed.
+Every file is read through `Artifact.file`, which accepts only paths listed (and so checked).
+
+manifest.json itself cannot carry its own hash: the hashes find corruption and edits of the
+other files, while the manifest is protected only by being parsed strictly (its paths stay
+inside the folder and must be listed). Proving that a whole artifact is the one that was
+published needs a hash or signature of manifest.json kept outside the artifact.
 """
 
 from __future__ import annotations
@@ -58,7 +64,7 @@ class Artifact:
         weight_files = {f for r in self._ranks for f in r["weights"]}
         mine = weight_files if rank is None else set(self._rank(rank)["weights"])
         _check_files(self.root, self.manifest["files"], verify, weight_files, weight_files - mine)
-        self._entries = {f: st.read_header(self.root / f, f) for f in sorted(mine)}
+        self._entries = {f: st.read_header(self.file(f, "weight file"), f) for f in sorted(mine)}
         self._maps: dict[tuple[str, str], np.memmap] = {}
 
     def __repr__(self) -> str:
@@ -73,14 +79,29 @@ class Artifact:
         return self.manifest.get("backend_options", {})
 
     def graph_text(self, rank: int | None = None) -> str:
-        return (self.root / self._rank(rank)["graph"]).read_text()
+        """A rank's graph (None: the rank opened for, else 0)."""
+        return self.file(self._rank(rank)["graph"], "rank graph").read_text()
+
+    def global_graph_text(self) -> str:
+        """The manifest's top-level `graph`: for a partitioned artifact the annotated global
+        graph (inspection only), else the one graph."""
+        return self.file(self.manifest["graph"], "graph").read_text()
 
     def payload_path(self, relpath: str) -> Path:
         """Path of a payload file under backend/ (which must be listed in the manifest)."""
         rel = f"{PAYLOAD_DIR}/{safe_relpath(relpath, 'payload path')}"
+        return self.file(rel, "payload file", fix="recompile the artifact with this backend")
+
+    def file(self, rel: str, what: str = "file", fix: str = "the artifact is corrupted; "
+             "recompile it") -> Path:
+        """The one way to a file of the artifact: a plain relative path listed in the
+        manifest, so checked when the artifact was opened (size and sha256, no links, inside
+        the folder). Every reader (loader, backends, CLI) goes through here; a path taken from
+        the manifest and joined by hand could name any file on the machine."""
+        rel = safe_relpath(rel, f"{what} path")
         if rel not in self.manifest["files"]:
-            raise ArtifactError(f"the artifact has no payload file {rel}", str(self.root / rel),
-                                "recompile the artifact with this backend")
+            raise ArtifactError(f"the artifact has no {what} {rel} (it is not listed in "
+                                f"{MANIFEST})", str(self.root / rel), fix)
         return self.root / rel
 
     def weight_locations(self, rank: int | None = None) -> dict[str, WeightLocation]:
@@ -103,7 +124,8 @@ class Artifact:
     def _map(self, file: str, mode: str) -> np.memmap:
         key = (file, mode)
         if key not in self._maps:
-            self._maps[key] = np.memmap(self.root / file, dtype=np.uint8, mode=mode)
+            self._maps[key] = np.memmap(self.file(file, "weight file"), dtype=np.uint8,
+                                        mode=mode)
         return self._maps[key]
 
     def _rank(self, rank: int | None) -> dict[str, Any]:

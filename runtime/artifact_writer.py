@@ -12,6 +12,7 @@ import importlib.metadata
 import json
 import os
 import shutil
+import tempfile
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -189,6 +190,33 @@ def _check_json(value: Any, what: str) -> None:
     except (TypeError, ValueError) as exc:
         raise DayzeroError(f"{what} cannot be stored in manifest.json: {exc}", what,
                            "use only strings, numbers, booleans, null, lists and dicts") from None
+
+
+def check_destination(out: str | Path, force: bool, *, folder_ok: bool = False,
+                      what: str = "output path") -> None:
+    """Before any work: `out` can be written. An existing `out` needs `force` (and must be an
+    artifact, or with `folder_ok` any folder); the nearest existing parent must be a folder
+    in which a folder can be made (a probe finds read-only and pseudo file systems)."""
+    out = Path(out)
+    if folder_ok and out.is_dir():
+        parent = out
+    elif folder_ok and out.exists():
+        raise DayzeroError(f"cannot write {what} {out}: it is a file, not a folder", str(out),
+                           "choose a folder, or a path that does not exist yet")
+    else:
+        _check_target(out, force)
+        parent = out.parent
+    while not (parent.exists() or parent.is_symlink()) and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise DayzeroError(f"cannot write {what} {out}: {parent} is a file, not a folder",
+                           str(out), "choose an output path inside a folder")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=f".{out.name}.probe-", dir=parent))
+    except OSError as exc:
+        raise DayzeroError(f"cannot write {what} {out}: making a folder in {parent} fails "
+                           f"({exc.strerror or exc})",
+                           str(out), "choose a writable location") from None
 
 
 def _check_target(out: Path, force: bool) -> None:

@@ -44,6 +44,7 @@ from .specs import TensorSpec, specs_from_manifest
 from .validate import validate_inputs
 
 WORKER = "runtime.distributed"
+RUN_SECONDS = "__dayzero_run_seconds__"  # extra entry of the output rank's .npz
 
 
 def world_size(manifest: dict[str, Any]) -> int:
@@ -175,10 +176,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model = RankModel(args.artifact, verify=args.verify, timeout=args.timeout)
         inputs = _read_inputs(args.inputs, model.input_specs)
+        start = time.perf_counter()
         outputs = model(*inputs)
+        seconds = time.perf_counter() - start
         if args.output and model.env.rank == output_rank(model.artifact.manifest):
-            write_npz(Path(args.output), {s.name: o for s, o in zip(model.output_specs,
-                                                                      outputs)})
+            write_npz(Path(args.output), {**{s.name: o for s, o in zip(model.output_specs,
+                                                                         outputs)},
+                                          RUN_SECONDS: np.array(seconds)})
         model.close()
         return 0
     except DayzeroError as exc:
@@ -297,6 +301,7 @@ class LaunchedModel:
         self.nproc = world_size(artifact.manifest)
         self.input_specs = specs_from_manifest(artifact.manifest, "inputs")
         self.output_specs = specs_from_manifest(artifact.manifest, "outputs")
+        self.last_timing: dict[str, float] | None = None
 
     @property
     def path(self) -> Path:
@@ -314,6 +319,9 @@ class LaunchedModel:
         validate_inputs(self.input_specs, arrays)
         named = {s.name: a for s, a in zip(self.input_specs, arrays)}
         out = launch(self.path, self.nproc, named, timeout=self.timeout, verify=self.verify)
+        # the output rank's time for the call itself, without process start-up and loading
+        run = out.pop(RUN_SECONDS, None)
+        self.last_timing = {"run_seconds": float(run)} if run is not None else None
         missing = [s.name for s in self.output_specs if s.name not in out]
         if missing:
             raise ArtifactError(f"the ranks returned no {', '.join(missing)}", str(self.path))

@@ -66,7 +66,14 @@ def bench_command(args) -> int:
                            "warmup >= 0", "--runs/--warmup")
     session = options_from_assignments(args.session, "session").get("session")
     model = runtime.load(args.artifact, session=session)
-    described = model.describe()
+    if hasattr(model, "nproc") and hasattr(model, "last_timing"):  # a LaunchedModel
+        raise DayzeroError(
+            f"{args.artifact} is partitioned for {model.nproc} ranks: each call from this "
+            "process starts them anew (seconds of start-up), so warm runs cannot be timed here",
+            args.artifact, f"time warm runs inside the ranks: torchrun --nproc-per-node "
+            f"{model.nproc} -m compiler.cli bench {args.artifact}; or `dayzero run "
+            f"{args.artifact}`, which reports the run apart from the start-up")
+    described = getattr(model, "describe", lambda: None)()
     if described and not args.json:
         print(described)
     with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
@@ -85,7 +92,8 @@ def bench(model, inputs: list[np.ndarray], warmup: int, runs: int, name: str) ->
         start = time.perf_counter()
         model(*inputs)
         times[i] = (time.perf_counter() - start) * 1000.0
-    backend = getattr(getattr(model, "backend", None), "name", "unknown")
+    backend = getattr(getattr(model, "backend", None), "name", None) or \
+        getattr(getattr(model, "artifact", None), "backend", "unknown")  # a rank's model
     return BenchResult(name, backend, {s.name: list(x.shape) for s, x in
                                        zip(model.input_specs, inputs)}, warmup, runs,
                        float(np.median(times)), float(np.percentile(times, 90)),

@@ -20,8 +20,45 @@ BACKEND_OPTION_HELP = (
     "--backend-option onnxruntime:session.allow_spinning=false")
 
 
+class _HelpWithPasses(argparse.Action):
+    """`compile --help`: the options, then the passes and each backend's default pipeline.
+
+    Listed only when help is asked for: importing the passes for every `dayzero` call would
+    slow down the commands that do not need them."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                 help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.epilog = passes_help()
+        parser.print_help()
+        parser.exit()
+
+
+def passes_help() -> str:
+    """The pass listing of `compile --help`."""
+    import backends
+    from passes import DEFAULT_PIPELINE, describe_passes
+
+    lines = ["passes (--passes a,b{option=value},c; the config's passes: takes the same names):"]
+    lines += [f"  {line}" for line in describe_passes().splitlines()]
+    lines.append("default pipelines (used without --passes or passes:):")
+    for name in backends.available():
+        try:
+            pipeline = backends.get(name).default_pipeline
+        except Exception:  # a broken plugin must not break --help
+            continue
+        lines.append(f"  {name}: {pipeline or DEFAULT_PIPELINE}")
+    lines.append(f"  partitioned (parallel: in the config): {DEFAULT_PIPELINE}")
+    return "\n".join(lines)
+
+
 def add_parser(sub) -> None:
-    p = sub.add_parser("compile", help="compile a model SPEC into an artifact")
+    p = sub.add_parser("compile", help="compile a model SPEC into an artifact", add_help=False,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-h", "--help", action=_HelpWithPasses,
+                   help="show this help, the passes and the default pipelines, and exit")
     p.add_argument("spec", metavar="SPEC",
                    help="path/to/file.py:function, or a Hugging Face checkpoint folder")
     p.add_argument("-o", "--out", required=True, metavar="OUT.dz")
@@ -45,9 +82,12 @@ def add_parser(sub) -> None:
 
 
 def compile_command(args) -> int:
+    from runtime.artifact_writer import check_destination
+
     from ..driver import compile
     from ..spec import load_spec
 
+    check_destination(args.out, args.force)  # before running the user's code and export
     log = StageLog(sys.stderr)
     backend_options = options_from_assignments(args.backend_options, args.backend)
     load_config(None).with_backend_options(backend_options, "--backend-option")  # names, early

@@ -40,9 +40,10 @@ def inspect_command(args) -> int:
         artifact = open_artifact(path)
         manifest = dict(artifact.manifest)
         # a partitioned artifact's graph.dzir is the annotated global graph, not rank 0's
-        text = (path / manifest["graph"]).read_text() if manifest.get("parallel", {}).get(
-            "world_size", 1) > 1 else artifact.graph_text()
-        graph = parse_ir(text, source=str(path / "graph.dzir"))
+        partitioned_graph = manifest.get("parallel", {}).get("world_size", 1) > 1
+        text = artifact.global_graph_text() if partitioned_graph else artifact.graph_text()
+        graph = parse_ir(text, source=str(path / (manifest["graph"] if partitioned_graph
+                                                  else "graph.dzir")))
         if args.rank is not None:
             graph = parse_ir(artifact.graph_text(args.rank), source=f"{path} rank {args.rank}")
     else:
@@ -67,6 +68,8 @@ def inspect_command(args) -> int:
               f"format {manifest.get('format')} v{manifest.get('format_version')}")
         if manifest.get("pipeline"):
             print(f"# pipeline {manifest['pipeline']}")
+        if manifest.get("symbols"):
+            print(f"# size symbols (dayzero run --size NAME=N): {_symbols(manifest)}")
     if partitioned:
         print(par.comment(par.summary(manifest, report)), end="")
     elif report is not None:
@@ -77,6 +80,19 @@ def inspect_command(args) -> int:
     if manifest is not None and not partitioned:
         _describe_backend(artifact)
     return 0
+
+
+def _symbols(manifest: dict) -> str:
+    """`s0 (seq) in [2, 512]`: each size symbol, the Dim names that alias it, its range."""
+    aliases = manifest.get("symbol_aliases")
+    aliases = aliases if isinstance(aliases, dict) else {}
+    parts = []
+    for name, bounds in manifest["symbols"].items():
+        names = "/".join(alias for alias, sym in aliases.items() if sym == name)
+        lo, hi = bounds if isinstance(bounds, list) and len(bounds) == 2 else ("?", "?")
+        shown = f"{name} ({names})" if names else name
+        parts.append(f"{shown} in [{lo}, {'unbounded' if hi is None else hi}]")
+    return ", ".join(parts)
 
 
 def _describe_backend(artifact) -> None:
