@@ -1,0 +1,129 @@
+"""onnxruntime artifacts run wherever dayzero's runtime is installed: the portable model stored
+next to a model using dayzero's native kernels."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+import compiler
+import runtime
+from backends.onnxruntime.fused import ContribFallbackWarning
+from compiler.cli import main
+from compiler.errors import ArtifactError
+from tests.backends.test_onnxruntime import BLOCK_TORCH
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # examples/ is no package of the install
+
+import examples.llama as llama  # noqa: E402
+
+CAUSAL = "ai.dayzero.CausalAttention"
+GQA = "com.microsoft.GroupQueryAttention"
+EXCLUDE = {"onnxruntime": {"exclude_kernels": [CAUSAL]}}
+
+
+@pytest.fixture(scope="module")
+def decoder(tmp_path_factory):
+    """A one-layer Llama with a dynamic sequence, compiled with and without the native kernel;
+    the eager logits for an 11-token prompt."""
+    tmp = tmp_path_factory.mktemp("portable")
+    model, args, dynamic = llama._spec(llama.config(layers=1), seq=8)
+    native = compiler.compile(model, args, out=tmp / "native.dz", backend="onnxruntime",
+                              dynamic_shapes=dynamic)
+    with pytest.warns(ContribFallbackWarning, match=f"{CAUSAL} is excluded"):
+        plain = compiler.compile(model, args, out=tmp / "plain.dz", backend="onnxruntime",
+                                 dynamic_shapes=dynamic, backend_options=EXCLUDE)
+    ids = torch.randint(0, 256, (1, 11), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = model(ids).numpy()
+    return native, plain, ids.numpy(), want
+
+
+def close(got: np.ndarray, want: np.ndarray) -> None:
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * max(1.0, np.abs(want).max()))
+
+
+def test_the_native_artifact_stores_a_portable_model_covered_by_the_manifest(decoder):
+    native, _, ids, want = decoder
+    record = json.loads((native / "backend" / "lowering.json").read_text())
+    assert CAUSAL in record["variants"]
+    portable = record["portable"]
+    assert portable["model"] == "model.portable.onnx" and portable["replaces"] == [CAUSAL]
+    assert GQA in portable["variants"] and CAUSAL not in json.dumps(portable["nodes"])
+    files = json.loads((native / "manifest.json").read_text())["files"]
+    for rel in ("backend/model.onnx", "backend/model.portable.onnx"):
+        data = (native / rel).read_bytes()
+        assert files[rel]["sha256"] == hashlib.sha256(data).hexdigest()
+    model = onnx.load(str(native / "backend" / "model.portable.onnx"), load_external_data=False)
+    assert all(n.domain != "ai.dayzero" for n in model.graph.node)
+    weights = {t.name: {e.key: e.value for e in t.external_data}["location"]
+               for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL}
+    assert weights and all(loc.startswith("weights/") for loc in weights.values())
+    close(runtime.load(native)(ids)[0], want)  # here the library is built: model.onnx
+
+
+def test_a_changed_portable_model_is_refused_by_its_hash(decoder, tmp_path):
+    native = shutil.copytree(decoder[0], tmp_path / "copy.dz")
+    path = native / "backend" / "model.portable.onnx"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="backend/model.portable.onnx"):
+        runtime.load(native)
+
+
+def test_inspect_names_the_portable_model(decoder, capsys):
+    assert main(["inspect", str(decoder[0])]) == 0
+    text = capsys.readouterr().out
+    assert f"portable model backend/model.portable.onnx, run where {CAUSAL}" in text
+    assert f"{GQA} x1" in text and "[ai.dayzero.CausalAttention]" in text
+
+
+def _install_without_library(dest: Path) -> Path:
+    """A copy of dayzero's packages without the native library, as on a machine where dayzero
+    was installed without a C++ compiler."""
+    skip = shutil.ignore_patterns("__pycache__", "_dayzero_ort_ops*")
+    for package in ("backends", "compiler", "passes", "runtime"):
+        shutil.copytree(ROOT / package, dest / package, ignore=skip)
+    return dest
+
+
+def test_without_the_library_the_portable_model_runs_with_one_warning(decoder, tmp_path):
+    native, _, ids, want = decoder
+    install = _install_without_library(tmp_path / "install")
+    np.save(tmp_path / "ids.npy", ids)
+    code = BLOCK_TORCH + textwrap.dedent(f"""
+        import warnings
+        import numpy as np, runtime
+        from backends.onnxruntime import native_ops
+        assert native_ops.__file__.startswith({str(install)!r}), native_ops.__file__
+        assert native_ops.library_file() is None
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            m = runtime.load({str(native)!r})
+        warned = [str(w.message) for w in caught if w.category.__name__ ==
+                  "PortableFallbackWarning"]
+        assert len(warned) == 1, [str(w.message) for w in caught]
+        print(warned[0])
+        np.save({str(tmp_path / "y.npy")!r}, m(np.load({str(tmp_path / "ids.npy")!r}))[0])
+        bad = sorted(k for k in sys.modules if k.split(".")[0] in ("torch", "onnx", "passes")
+                     or k.startswith("compiler.frontend") or k == "backends.onnxruntime.lower")
+        assert not bad, bad
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120, cwd=tmp_path, env={"PYTHONPATH": str(install),
+                                                            "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr
+    assert CAUSAL in result.stdout and "model.portable.onnx" in result.stdout
+    close(np.load(tmp_path / "y.npy"), want)
