@@ -6,7 +6,8 @@ The fallback backend that must run every model the frontend accepts, on any mach
 This module imports neither onnx nor onnxruntime until a method needs them.
 
 Payload (under the artifact's backend/ folder):
-  model.onnx      the graph; initializers are external data inside weights/*.safetensors
+  model.onnx      the graph; initializers are external data inside weights/*.safetensors,
+                  checked at load against the safetensors headers (`external_data`)
   lowering.json   opset, session options, fused kernels used, and per IR node the ONNX ops
                   it became (read by `inspection` for `dayzero inspect`)
   model.portable.onnx   only when model.onnx uses dayzero's native kernels (`native_ops`): the
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from backends.base import ArtifactView, Backend, Capabilities, WeightLocation
 from compiler.errors import DayzeroError
 
+from .external_data import check_external_data
 from .inspection import RECORD, format_node_map, node_map, read_record
 from .native_ops import DOMAIN as NATIVE_DOMAIN
 from .native_ops import LIBRARY, PortableFallbackWarning
@@ -128,6 +130,7 @@ class OnnxRuntimeBackend(Backend):
         _check_kernels(record, artifact)
         model_path = artifact.payload_path(model_file)
         model = model_path.read_bytes()
+        _check_weights(model, model_path, artifact)
         try:
             ort_session = create_session(model, settings, artifact.root)
         except Exception as exc:  # ORT raises its own exception types, one per status code
@@ -209,6 +212,13 @@ def _check_kernels(record: Mapping[str, Any], artifact: ArtifactView) -> None:
                            f"(pip install -e . builds {LIBRARY}), or {hint}")
     raise DayzeroError(f"this onnxruntime build has no {', '.join(missing)} kernel(s), which "
                        "the artifact uses", str(artifact.root), hint)
+
+
+def _check_weights(model: bytes, model_path, artifact: ArtifactView) -> None:
+    """Every external initializer of `model` where the safetensors headers put that weight."""
+    locations = getattr(artifact, "weight_locations", None)
+    if locations is not None:
+        check_external_data(model, str(model_path), locations())
 
 
 def _ort_version() -> str:

@@ -1,11 +1,13 @@
 """onnxruntime artifacts run wherever dayzero's runtime is installed: the portable model stored
-next to a model using dayzero's native kernels."""
+next to a model using dayzero's native kernels, and the external-data offsets checked against
+the safetensors headers at load."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import shutil
+import struct
 import subprocess
 import sys
 import textwrap
@@ -18,6 +20,7 @@ import torch
 
 import compiler
 import runtime
+from backends.onnxruntime.external_data import external_initializers
 from backends.onnxruntime.fused import ContribFallbackWarning
 from compiler.cli import main
 from compiler.errors import ArtifactError
@@ -52,6 +55,14 @@ def decoder(tmp_path_factory):
 
 def close(got: np.ndarray, want: np.ndarray) -> None:
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * max(1.0, np.abs(want).max()))
+
+
+def fix_hash(artifact: Path, rel: str) -> None:
+    """Record `rel`'s current size and sha256 in the manifest, as a careless re-save would."""
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    data = (artifact / rel).read_bytes()
+    manifest["files"][rel] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (artifact / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
 
 
 def test_the_native_artifact_stores_a_portable_model_covered_by_the_manifest(decoder):
@@ -127,3 +138,30 @@ def test_without_the_library_the_portable_model_runs_with_one_warning(decoder, t
     assert result.returncode == 0, result.stderr
     assert CAUSAL in result.stdout and "model.portable.onnx" in result.stdout
     close(np.load(tmp_path / "y.npy"), want)
+
+
+def test_weights_header_resaved_with_other_whitespace_is_refused(decoder, tmp_path):
+    """Same tensors, a header 8 bytes longer, hashes fixed up: every weight moved by 8 bytes,
+    and the load names a weight and its file instead of running on shifted bytes."""
+    native = shutil.copytree(decoder[0], tmp_path / "copy.dz")
+    rel = next(str(p.relative_to(native)) for p in (native / "weights").glob("*.safetensors"))
+    data = (native / rel).read_bytes()
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.dumps(json.loads(data[8:8 + length]), indent=None).encode()
+    header += b" " * (-len(header) % 8 or 8) + b" " * 8
+    assert len(header) != length
+    (native / rel).write_bytes(struct.pack("<Q", len(header)) + header + data[8 + length:])
+    fix_hash(native, rel)
+    with pytest.raises(ArtifactError, match=f"reads weight '.+' at bytes .* of {rel}") as err:
+        runtime.load(native)
+    assert rel in err.value.where
+
+
+def test_external_data_read_without_onnx_matches_onnx(decoder):
+    """The load path's wire-format reader finds what onnx finds in both models."""
+    for name in ("model.onnx", "model.portable.onnx"):
+        path = decoder[0] / "backend" / name
+        model = onnx.load(str(path), load_external_data=False)
+        want = {t.name: {e.key: e.value for e in t.external_data}
+                for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL}
+        assert want and external_initializers(path.read_bytes()) == want
