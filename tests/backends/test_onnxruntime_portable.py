@@ -1,6 +1,6 @@
 """onnxruntime artifacts run wherever dayzero's runtime is installed: the portable model stored
-next to a model using dayzero's native kernels, and the external-data offsets checked against
-the safetensors headers at load."""
+next to a model using dayzero's native kernels, the plain-ORT model `exclude_kernels` produces,
+and the external-data offsets checked against the safetensors headers at load."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 import torch
 
@@ -138,6 +139,23 @@ def test_without_the_library_the_portable_model_runs_with_one_warning(decoder, t
     assert result.returncode == 0, result.stderr
     assert CAUSAL in result.stdout and "model.portable.onnx" in result.stdout
     close(np.load(tmp_path / "y.npy"), want)
+
+
+def test_exclude_kernels_gives_a_model_any_onnxruntime_runs(decoder):
+    """backend/model.onnx opened by a bare InferenceSession: no dayzero session options, no
+    custom-op library. Its weights are external data relative to the artifact root, the one
+    plain ORT setting a consumer needs (ORT refuses locations that climb out of backend/)."""
+    _, plain, ids, want = decoder
+    assert not (plain / "backend" / "model.portable.onnx").exists()
+    model = onnx.load(str(plain / "backend" / "model.onnx"), load_external_data=False)
+    assert "ai.dayzero" not in {o.domain for o in model.opset_import}
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.model_external_initializers_file_folder_path",
+                                     str(plain))
+    session = ort.InferenceSession((plain / "backend" / "model.onnx").read_bytes(), options,
+                                   providers=["CPUExecutionProvider"])
+    (got,) = session.run(None, {session.get_inputs()[0].name: ids})
+    close(got, want)
 
 
 def test_weights_header_resaved_with_other_whitespace_is_refused(decoder, tmp_path):
