@@ -147,6 +147,8 @@ class OnnxRuntimeBackend(Backend):
         from .observe import observer
 
         model_file, _ = select_model(read_record(artifact))
+        model_path = artifact.payload_path(model_file)
+        _check_weights(model_path.read_bytes(), model_path, artifact)
         return observer(artifact, values, model_file, session)
 
 
@@ -154,12 +156,15 @@ def select_model(record: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     """The payload model to run here and its record: model.onnx, or model.portable.onnx (with
     one warning naming the kernels) where dayzero's native kernels that model.onnx uses are
     not available. The record's nodes and variants become the portable model's."""
-    from .probe import installed_kernels
+    from .native_ops import kernels as native_kernels
+    from .probe import KernelSet, installed_kernels
 
     portable = record.get("portable")
     if not isinstance(portable, Mapping):
         return MODEL, dict(record)
     kernels = installed_kernels()
+    if not len(kernels):  # a build that cannot list its kernels: ask the native library alone
+        kernels = KernelSet(native_kernels())
     missing = [op for op in portable.get("replaces", ()) if not kernels.has_op(op)]
     if not missing:
         return MODEL, dict(record)

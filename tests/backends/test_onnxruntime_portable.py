@@ -183,3 +183,24 @@ def test_external_data_read_without_onnx_matches_onnx(decoder):
         want = {t.name: {e.key: e.value for e in t.external_data}
                 for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL}
         assert want and external_initializers(path.read_bytes()) == want
+
+
+def test_align_observes_the_portable_model_where_the_library_is_missing(decoder, monkeypatch):
+    from backends.onnxruntime import OnnxRuntimeBackend, native_ops
+    from backends.onnxruntime.probe import installed_kernels
+    from compiler.ir import parse_ir
+    from runtime.artifact import Artifact
+
+    native, _, ids, want = decoder
+    artifact = Artifact(native)
+    values = [v.name for n in parse_ir(artifact.graph_text()).nodes for v in n.outputs]
+    monkeypatch.setattr(native_ops, "library", lambda: None)
+    installed_kernels.cache_clear()
+    try:
+        with pytest.warns(native_ops.PortableFallbackWarning, match=CAUSAL):
+            observer = OnnxRuntimeBackend().observe(artifact, values)
+        outputs, observed = observer([ids])
+    finally:
+        installed_kernels.cache_clear()
+    close(outputs[0], want)
+    assert observed and set(observed) <= set(values)
