@@ -14,6 +14,7 @@ straight from the protobuf wire format.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from compiler.errors import ArtifactError
@@ -32,15 +33,15 @@ def external_initializers(model: bytes) -> dict[str, dict[str, str]]:
     for number, graph in _fields(memoryview(model)):
         if number != _MODEL_GRAPH:
             continue
-        for number, tensor in _fields(graph):
+        for number, tensor in _fields(_bytes(graph)):
             if number != _GRAPH_INITIALIZER:
                 continue
             name, info, where = "", {}, 0
-            for field, value in _fields(tensor):
+            for field, value in _fields(_bytes(tensor)):
                 if field == _TENSOR_NAME:
-                    name = bytes(value).decode()
+                    name = _text(value)
                 elif field == _TENSOR_EXTERNAL:
-                    entry = {k: bytes(v).decode() for k, v in _fields(value)}
+                    entry = {k: _text(v) for k, v in _fields(_bytes(value))}
                     info[entry.get(1, "")] = entry.get(2, "")
                 elif field == _TENSOR_LOCATION:
                     where = value
@@ -58,17 +59,18 @@ def check_external_data(model: bytes, model_path: str, locations: Mapping[str, A
     except (ValueError, UnicodeDecodeError) as exc:
         raise ArtifactError(f"{model_path} is not a valid ONNX model ({exc})", model_path,
                             fix) from None
+    model_file = Path(model_path).name
     for name, info in external.items():
         file = info.get("location", "")
         where = f"weight '{name}' in {file or '(no file)'}, referenced by {model_path}"
         loc = locations.get(name)
         if loc is None:
-            raise ArtifactError(f"model.onnx reads weight '{name}' from {file}, which holds no "
+            raise ArtifactError(f"{model_file} reads weight '{name}' from {file}, which holds no "
                                 "tensor of that name", where, fix)
         claimed = (file, info.get("offset", "0"), info.get("length"))
         if claimed != (loc.file, str(loc.offset), str(loc.nbytes)):
             raise ArtifactError(
-                f"model.onnx reads weight '{name}' at bytes {claimed[1]}..+{claimed[2]} of "
+                f"{model_file} reads weight '{name}' at bytes {claimed[1]}..+{claimed[2]} of "
                 f"{file}, but that file's safetensors header puts it at bytes "
                 f"{loc.offset}..+{loc.nbytes} of {loc.file}", where, fix)
 
@@ -93,6 +95,16 @@ def _fields(data: memoryview) -> Iterator[tuple[int, Any]]:
             pos += 8 if wire == 1 else 4
         else:
             raise ValueError(f"unsupported protobuf wire type {wire}")
+
+
+def _bytes(value: Any) -> memoryview:
+    if not isinstance(value, memoryview):
+        raise ValueError("a message field is not length-delimited")
+    return value
+
+
+def _text(value: Any) -> str:
+    return bytes(_bytes(value)).decode()
 
 
 def _varint(data: memoryview, pos: int) -> tuple[int, int]:

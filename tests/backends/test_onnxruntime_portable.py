@@ -204,3 +204,20 @@ def test_align_observes_the_portable_model_where_the_library_is_missing(decoder,
         installed_kernels.cache_clear()
     close(outputs[0], want)
     assert observed and set(observed) <= set(values)
+
+
+def test_external_data_check_names_a_weight_no_header_holds_and_a_malformed_model(decoder):
+    from backends.onnxruntime.external_data import check_external_data
+    from runtime.artifact import Artifact
+
+    native = decoder[0]
+    data = (native / "backend" / "model.portable.onnx").read_bytes()
+    locations = Artifact(native).weight_locations()
+    check_external_data(data, "backend/model.portable.onnx", locations)
+    name = sorted(locations)[0]
+    del locations[name]
+    with pytest.raises(ArtifactError, match=f"model.portable.onnx reads weight '{name}' from "
+                       r"weights/.*, which holds no tensor of that name"):
+        check_external_data(data, "backend/model.portable.onnx", locations)
+    with pytest.raises(ArtifactError, match="is not a valid ONNX model"):
+        check_external_data(data[:len(data) // 3], "backend/model.portable.onnx", locations)
