@@ -6,23 +6,32 @@ The fallback backend that must run every model the frontend accepts, on any mach
 This module imports neither onnx nor onnxruntime until a method needs them.
 
 Payload (under the artifact's backend/ folder):
-  model.onnx      the graph; initializers are external data inside weights/*.safetensors
+  model.onnx      the graph; initializers are external data inside weights/*.safetensors,
+                  checked at load against the safetensors headers (`external_data`)
   lowering.json   opset, session options, fused kernels used, and per IR node the ONNX ops
                   it became (read by `inspection` for `dayzero inspect`)
+  model.portable.onnx   only when model.onnx uses dayzero's native kernels (`native_ops`): the
+                  same graph lowered as if they were excluded, over the same external weights;
+                  lowering.json's "portable" entry says which kernels it replaces and what
+                  each IR node became in it. `load` runs it, with one warning naming the
+                  kernels, where their library is not built or does not load, so an artifact
+                  runs wherever dayzero's runtime is installed (the runtime never re-lowers).
 """
 
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from backends.base import ArtifactView, Backend, Capabilities, WeightLocation
 from compiler.errors import DayzeroError
 
+from .external_data import check_external_data
 from .inspection import RECORD, format_node_map, node_map, read_record
 from .native_ops import DOMAIN as NATIVE_DOMAIN
-from .native_ops import LIBRARY
+from .native_ops import LIBRARY, PortableFallbackWarning
 from .session import LoadAverage, SessionConfig, one_minute_load
 
 if TYPE_CHECKING:
@@ -31,6 +40,7 @@ if TYPE_CHECKING:
     from .executable import OrtExecutable
 
 MODEL = "model.onnx"
+PORTABLE_MODEL = "model.portable.onnx"
 OPTION_KEYS = ("session", "exclude_kernels")
 OPTION_PATH = "backend_options.onnxruntime"  # the config key the options come from
 DTYPES = frozenset({"f32", "f64", "f16", "bf16", "i64", "i32", "i16", "i8", "u8", "bool"})
@@ -70,6 +80,7 @@ class OnnxRuntimeBackend(Backend):
 
     def lower(self, graph: Graph, weights: Mapping[str, WeightLocation],
               options: Mapping[str, Any]) -> dict[str, bytes]:
+        from .fused import ContribFallbackWarning
         from .lower import OPSET, lower_graph
         from .probe import installed_kernels
 
@@ -86,8 +97,18 @@ class OnnxRuntimeBackend(Backend):
         lowered = lower_graph(graph, weights, kernels)
         record = {"opset": OPSET, "session": config.to_dict(), "variants": lowered.variants(),
                   "wide_io": lowered.wide_io, "nodes": lowered.nodes}
-        return {MODEL: lowered.model.SerializeToString(),
-                RECORD: json.dumps(record, indent=1).encode()}
+        payload = {MODEL: lowered.model.SerializeToString()}
+        native = sorted({op for entry in lowered.nodes for op in entry["onnx"]
+                         if op.startswith(NATIVE_DOMAIN + ".")})
+        if native:  # the plain-ORT lowering a machine without dayzero's library runs instead
+            with warnings.catch_warnings():  # the choice is deliberate: no fallback warning
+                warnings.simplefilter("ignore", ContribFallbackWarning)
+                portable = lower_graph(graph, weights, kernels.without(native))
+            payload[PORTABLE_MODEL] = portable.model.SerializeToString()
+            record["portable"] = {"model": PORTABLE_MODEL, "replaces": native,
+                                  "variants": portable.variants(), "nodes": portable.nodes}
+        payload[RECORD] = json.dumps(record, indent=1).encode()
+        return payload
 
     def describe(self, artifact: ArtifactView) -> str:
         """Which ONNX ops each IR node became, and the session options."""
@@ -105,13 +126,16 @@ class OnnxRuntimeBackend(Backend):
         recorded = f"{artifact.root}/backend/{RECORD}: session"
         config = SessionConfig.from_options(record.get("session"), recorded)
         settings = config.overridden(session, "session").resolve(load_average)
+        model_file, record = select_model(record)
         _check_kernels(record, artifact)
-        model = artifact.payload_path(MODEL).read_bytes()
+        model_path = artifact.payload_path(model_file)
+        model = model_path.read_bytes()
+        _check_weights(model, model_path, artifact)
         try:
             ort_session = create_session(model, settings, artifact.root)
         except Exception as exc:  # ORT raises its own exception types, one per status code
             raise DayzeroError(f"onnxruntime {_ort_version()} cannot load this model: {exc}",
-                               str(artifact.payload_path(MODEL)),
+                               str(model_path),
                                "use onnxruntime >= 1.18, or recompile the artifact with the "
                                "onnxruntime installed here") from exc
         return OrtExecutable(ort_session, record, settings)
@@ -122,7 +146,35 @@ class OnnxRuntimeBackend(Backend):
         session settings overridden by `session` as in `load`."""
         from .observe import observer
 
-        return observer(artifact, values, MODEL, session)
+        model_file, _ = select_model(read_record(artifact))
+        model_path = artifact.payload_path(model_file)
+        _check_weights(model_path.read_bytes(), model_path, artifact)
+        return observer(artifact, values, model_file, session)
+
+
+def select_model(record: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The payload model to run here and its record: model.onnx, or model.portable.onnx (with
+    one warning naming the kernels) where dayzero's native kernels that model.onnx uses are
+    not available. The record's nodes and variants become the portable model's."""
+    from .native_ops import kernels as native_kernels
+    from .probe import KernelSet, installed_kernels
+
+    portable = record.get("portable")
+    if not isinstance(portable, Mapping):
+        return MODEL, dict(record)
+    kernels = installed_kernels()
+    if not len(kernels):  # a build that cannot list its kernels: ask the native library alone
+        kernels = KernelSet(native_kernels())
+    missing = [op for op in portable.get("replaces", ()) if not kernels.has_op(op)]
+    if not missing:
+        return MODEL, dict(record)
+    warnings.warn(f"dayzero's native kernel(s) {', '.join(missing)} are not available here "
+                  f"({LIBRARY} is not built or does not load into this onnxruntime); running "
+                  f"the artifact's portable model backend/{portable['model']}, which uses "
+                  "ONNX Runtime's own kernels instead (slower, same results)",
+                  PortableFallbackWarning, stacklevel=3)
+    chosen = {**record, "variants": portable.get("variants", {}), "nodes": portable["nodes"]}
+    return str(portable["model"]), chosen
 
 
 def _excluded_kernels(names: Any, kernels) -> list[str]:
@@ -165,6 +217,13 @@ def _check_kernels(record: Mapping[str, Any], artifact: ArtifactView) -> None:
                            f"(pip install -e . builds {LIBRARY}), or {hint}")
     raise DayzeroError(f"this onnxruntime build has no {', '.join(missing)} kernel(s), which "
                        "the artifact uses", str(artifact.root), hint)
+
+
+def _check_weights(model: bytes, model_path, artifact: ArtifactView) -> None:
+    """Every external initializer of `model` where the safetensors headers put that weight."""
+    locations = getattr(artifact, "weight_locations", None)
+    if locations is not None:
+        check_external_data(model, str(model_path), locations())
 
 
 def _ort_version() -> str:

@@ -32,6 +32,12 @@ def format_node_map(record: Mapping[str, Any]) -> str:
     if record.get("variants"):
         lines.append("fused kernels: " + ", ".join(f"{k} x{v}"
                                                    for k, v in record["variants"].items()))
+    portable = record.get("portable")
+    if portable:
+        variants = ", ".join(f"{k} x{v}" for k, v in portable.get("variants", {}).items())
+        lines.append(f"portable model backend/{portable['model']}, run where "
+                     f"{', '.join(portable['replaces'])} is not available: fused kernels "
+                     f"{variants or '(none)'}")
     for entry in record["nodes"]:
         lines.append(entry["node"])
         tag = "" if entry["lowering"] == "standard" else f"  [{entry['lowering']}]"

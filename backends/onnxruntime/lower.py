@@ -4,19 +4,22 @@
   names, `s0`), so one model serves every size in range.
 - Weights are initializers stored as external data that points into the artifact's safetensors
   files (location relative to the artifact root, offset and length of the tensor's bytes), so
-  model.onnx holds only the graph and the artifact holds each weight once.
+  model.onnx holds only the graph and the artifact holds each weight once; small integer
+  weights, which ORT's shape inference reads as data, are stored inline (`_initializer`).
 - Every IR node goes through `op_table` (or a fused variant from `fused`), and the ONNX ops it
   became are recorded for `dayzero inspect`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from backends.base import WeightLocation
 from compiler.errors import DayzeroError
@@ -33,6 +36,9 @@ from .symdims import symbol_sources
 OPSET = 21
 IR_VERSION = 10
 CONTRIB_DOMAINS = {"com.microsoft": 1}
+# Integer weights this small are stored inline in model.onnx, not as external data (_initializer).
+SMALL_INLINE_DTYPES = frozenset({DType.i64, DType.i32, DType.i16, DType.i8, DType.u8})
+SMALL_INLINE_ELEMENTS = 64
 
 
 # numpy has no bfloat16 or float8 and ORT's Python API cannot return them, so graph inputs and
@@ -78,7 +84,7 @@ def lower_graph(graph: Graph, weights: Mapping[str, WeightLocation],
     for entry in record:  # what each IR node became, less what no output needs
         entry["onnx"] = [kept[n] for n in entry.pop("_emitted") if n in kept]
     read = {name for node in nodes for name in node.input} | set(outputs)
-    initializers = [_external(name, graph, weights) for name in graph.weights]
+    initializers = [_initializer(name, graph, weights) for name in graph.weights]
     onnx_graph = helper.make_graph(
         nodes, graph.name, [_value_info(v.name, _io_type(v.type)) for v in graph.inputs],
         [_value_info(name, _io_type(v.type)) for name, v in zip(outputs, graph.outputs)],
@@ -169,6 +175,27 @@ def _outputs(b: Builder, graph: Graph, env: dict[int, str]) -> list[str]:
 def _value_info(name: str, type) -> onnx.ValueInfoProto:
     dims = [d if isinstance(d, int) else dim_str(d) for d in type.shape]
     return helper.make_tensor_value_info(name, ONNX_DTYPES[type.dtype], dims)
+
+
+def _initializer(name: str, graph: Graph, weights: Mapping[str, WeightLocation]) -> TensorProto:
+    """A weight's initializer: inline when it is a small integer constant, else external data.
+
+    Small integer weights (a lifted index like Falcon's `[-1]`) are what ORT's shape inference
+    reads as data: ConstantSharing merges equal constants, so a Slice's inline `axes` [-1] can
+    end up reading an external weight, and shape inference cannot read external data (the load
+    fails: "Cannot parse data from external tensors"). Inline, their bytes are also in model.onnx
+    (a few bytes; the safetensors file keeps its copy).
+    """
+    value, data = graph.weights[name], graph.weight_data.get(name)
+    count = math.prod(int(d) for d in value.type.shape)
+    if value.type.dtype in SMALL_INLINE_DTYPES and count <= SMALL_INLINE_ELEMENTS:
+        if hasattr(data, "detach"):  # a torch tensor
+            data = data.detach().cpu().numpy()
+        if isinstance(data, np.ndarray):  # (a checkpoint's lazy handle stays external)
+            array = data.astype(value.type.dtype.to_numpy(), copy=False)
+            return numpy_helper.from_array(array.reshape([int(d) for d in value.type.shape]),
+                                           name)
+    return _external(name, graph, weights)
 
 
 def _external(name: str, graph: Graph, weights: Mapping[str, WeightLocation]) -> TensorProto:

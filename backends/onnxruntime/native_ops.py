@@ -11,8 +11,9 @@ prompt without past does not need.
 The library is optional. setup.py builds it where a C++17 compiler exists; where it is absent, or
 this onnxruntime refuses it, `kernels()` is empty, the lowering's kernel probe does not offer it,
 and attention lowers to ORT's own kernels as before (with the usual fallback warning). An
-artifact that uses it records that in its node map, and loading it without the library fails
-with a message that says how to rebuild or recompile.
+artifact that uses it records that in its node map and also stores a portable model, the same
+graph lowered without the native kernels; loading it where the library is missing runs that one
+instead, with a `PortableFallbackWarning` naming the kernels (no re-lowering at load).
 
 This module is on the load path: it imports onnxruntime, never onnx or torch.
 """
@@ -31,6 +32,11 @@ KERNELS = ((DOMAIN, "CausalAttention", "float"),)
 
 class NativeKernelWarning(UserWarning):
     """dayzero's custom-op library exists but this onnxruntime cannot load it."""
+
+
+class PortableFallbackWarning(UserWarning):
+    """An artifact's model uses native kernels this installation cannot run; its portable
+    model (the same graph on ONNX Runtime's own kernels) is loaded instead."""
 
 
 def library_file() -> Path | None:
