@@ -34,12 +34,14 @@ from .artifact import (
     WEIGHTS_DIR,
     safe_relpath,
 )
+from .index_inputs import index_inputs_json
 
 DEFAULT_SHARD_BYTES = 2 * 2**30
 
 # Keys the writer owns; `manifest_extra` may add others (pipeline, config, ...) but not these.
 _OWN_KEYS = frozenset({"format", "format_version", "producer", "producer_version", "backend",
-                       "backend_options", "graph", "inputs", "outputs", "symbols", "files"})
+                       "backend_options", "graph", "inputs", "outputs", "symbols", "files",
+                       "index_inputs"})
 
 # -- writing -----------------------------------------------------------------------------------
 
@@ -164,6 +166,7 @@ def _manifest(graph: Graph, backend: str, options: dict[str, Any], extra: dict[s
         "inputs": [_spec(v) for v in graph.inputs],
         "outputs": [_spec(v) for v in graph.outputs],
         "symbols": {name: [lo, hi] for name, (lo, hi) in graph.symbols.items()},
+        "index_inputs": index_inputs_json(graph),
         "parallel": parallel,
         "pipeline": extra.pop("pipeline", None),
         **extra,

@@ -39,9 +39,10 @@ from .artifact import Artifact, open_artifact
 from .artifact import _read_manifest as read_manifest
 from .comm import DEFAULT_TIMEOUT, Rendezvous, TorchCommunicator, barrier, connect
 from .convert import to_numpy
+from .index_inputs import read_index_inputs
 from .npz_files import write_npz
 from .specs import TensorSpec, specs_from_manifest
-from .validate import validate_inputs
+from .validate import prepare_inputs
 
 WORKER = "runtime.distributed"
 
@@ -84,6 +85,7 @@ class RankModel:
         check_world(manifest, self.env.world_size, f"rank {self.env.rank}")
         self.input_specs: list[TensorSpec] = specs_from_manifest(manifest, "inputs")
         self.output_specs: list[TensorSpec] = specs_from_manifest(manifest, "outputs")
+        self.index_ranges = read_index_inputs(manifest, [s.name for s in self.input_specs])
         groups = [g for axis in sorted(manifest["parallel"].get("groups", {}))
                   for g in manifest["parallel"]["groups"][axis]]
         # join first, so that a rank failing to load is reported to the others by name
@@ -105,8 +107,7 @@ class RankModel:
     def __call__(self, *inputs: Any) -> tuple[np.ndarray, ...]:
         from compiler.ir.ops.collective import bind_communicator
 
-        arrays = [np.ascontiguousarray(to_numpy(x)) for x in inputs]
-        bindings = validate_inputs(self.input_specs, arrays)
+        arrays, bindings = prepare_inputs(self.input_specs, inputs, self.index_ranges)
         try:
             with bind_communicator(self.comm):
                 outputs = self.program(arrays, bindings)
@@ -297,6 +298,8 @@ class LaunchedModel:
         self.nproc = world_size(artifact.manifest)
         self.input_specs = specs_from_manifest(artifact.manifest, "inputs")
         self.output_specs = specs_from_manifest(artifact.manifest, "outputs")
+        self.index_ranges = read_index_inputs(artifact.manifest,
+                                              [s.name for s in self.input_specs])
 
     @property
     def path(self) -> Path:
@@ -310,8 +313,7 @@ class LaunchedModel:
         return f"LaunchedModel({str(self.path)!r}, {self.nproc} ranks)"
 
     def __call__(self, *inputs: Any) -> tuple[np.ndarray, ...]:
-        arrays = [np.ascontiguousarray(to_numpy(x)) for x in inputs]
-        validate_inputs(self.input_specs, arrays)
+        arrays, _ = prepare_inputs(self.input_specs, inputs, self.index_ranges)
         named = {s.name: a for s, a in zip(self.input_specs, arrays)}
         out = launch(self.path, self.nproc, named, timeout=self.timeout, verify=self.verify)
         missing = [s.name for s in self.output_specs if s.name not in out]

@@ -15,8 +15,9 @@ from compiler.ir import DType
 
 from .artifact import Artifact, open_artifact
 from .convert import to_numpy
+from .index_inputs import read_index_inputs
 from .specs import TensorSpec, specs_from_manifest
-from .validate import validate_inputs
+from .validate import prepare_inputs
 
 
 class CompiledModel:
@@ -26,6 +27,8 @@ class CompiledModel:
         self.artifact = artifact
         self.input_specs: list[TensorSpec] = specs_from_manifest(artifact.manifest, "inputs")
         self.output_specs: list[TensorSpec] = specs_from_manifest(artifact.manifest, "outputs")
+        self.index_ranges = read_index_inputs(artifact.manifest,
+                                              [s.name for s in self.input_specs])
         self.backend = _backend_for(artifact)
         self._output_dtypes = [_numpy_dtype(spec.dtype) for spec in self.output_specs]
         self._executable = _load_executable(self.backend, artifact, session)
@@ -51,9 +54,7 @@ class CompiledModel:
         return describe() if callable(describe) else None
 
     def __call__(self, *inputs: Any) -> tuple[np.ndarray, ...]:
-        # not np.ascontiguousarray: it turns a 0-d input into shape [1]
-        arrays = [np.asarray(to_numpy(x), order="C") for x in inputs]
-        validate_inputs(self.input_specs, arrays)
+        arrays, _ = prepare_inputs(self.input_specs, inputs, self.index_ranges)
         outputs = tuple(to_numpy(y) for y in self._executable(arrays))
         self._check_outputs(outputs)
         return outputs
