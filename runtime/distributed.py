@@ -47,8 +47,38 @@ from .validate import prepare_inputs
 WORKER = "runtime.distributed"
 
 
+MAX_WORLD_SIZE = 65536  # far beyond any real job; bounds what an edited manifest can launch
+
+
 def world_size(manifest: dict[str, Any]) -> int:
-    return int(manifest.get("parallel", {}).get("world_size", 1))
+    """`parallel.world_size`, checked against the rank entries the artifact lists.
+
+    Never trusted by itself: it decides how many processes a launch starts.
+    """
+    parallel = manifest.get("parallel", {})
+    where = "manifest.json: parallel.world_size"
+    fix = "the artifact is corrupted or was edited; recompile it"
+    want = parallel.get("world_size", 1)
+    if type(want) is not int or not 1 <= want <= MAX_WORLD_SIZE:
+        raise ArtifactError(f"parallel.world_size is {_short(want)}, not a whole number in "
+                            f"[1, {MAX_WORLD_SIZE}]", where, fix)
+    ranks = parallel.get("ranks")
+    listed = [r.get("rank") if isinstance(r, dict) else None for r in ranks] \
+        if isinstance(ranks, list) else [None]
+    if any(type(r) is not int for r in listed):
+        raise ArtifactError("parallel.ranks is not a list of rank entries", where, fix)
+    listed.sort()
+    if listed != list(range(want)):
+        shown = listed if len(listed) <= 8 else f"{listed[:8]} ... ({len(listed)} in all)"
+        raise ArtifactError(f"parallel.world_size is {want} but the artifact lists ranks "
+                            f"{shown} (parallel.ranks)", where,
+                            f"a world of {want} needs exactly ranks 0..{want - 1}; {fix}")
+    return want
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def output_rank(manifest: dict[str, Any]) -> int:
