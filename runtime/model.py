@@ -15,6 +15,7 @@ from compiler.ir import DType
 
 from .artifact import Artifact, open_artifact
 from .convert import to_numpy
+from .graph_checks import check_artifact_graph
 from .index_inputs import read_index_inputs
 from .specs import TensorSpec, specs_from_manifest
 from .validate import prepare_inputs
@@ -27,8 +28,9 @@ class CompiledModel:
         self.artifact = artifact
         self.input_specs: list[TensorSpec] = specs_from_manifest(artifact.manifest, "inputs")
         self.output_specs: list[TensorSpec] = specs_from_manifest(artifact.manifest, "outputs")
-        self.index_ranges = read_index_inputs(artifact.manifest,
-                                              [s.name for s in self.input_specs])
+        read_index_inputs(artifact.manifest, [s.name for s in self.input_specs])  # its form
+        # the graph, specs, index ranges and memory plan the executor trusts, checked here
+        self.index_ranges = check_artifact_graph(artifact, self.input_specs, self.output_specs)
         self.backend = _backend_for(artifact)
         self._output_dtypes = [_numpy_dtype(spec.dtype) for spec in self.output_specs]
         self._executable = _load_executable(self.backend, artifact, session)

@@ -1,0 +1,74 @@
+"""runtime.load checks what the executor trusts against graph.dzir, even after a re-hash."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+import runtime
+from compiler.errors import ArtifactError
+from runtime.artifact_writer import write_artifact
+from tests.runtime.test_index_inputs import lookup_graph
+
+
+def edit_manifest(out, edit):
+    manifest = json.loads((out / "manifest.json").read_text())
+    edit(manifest)
+    (out / "manifest.json").write_text(json.dumps(manifest))
+
+
+def rewrite_graph(out, old: str, new: str):
+    """Edit graph.dzir and re-hash it in the manifest: only verification can catch it."""
+    path = out / "graph.dzir"
+    text = path.read_text()
+    assert old in text
+    data = text.replace(old, new).encode()
+    path.write_bytes(data)
+    edit_manifest(out, lambda m: m["files"]["graph.dzir"].update(
+        size=len(data), sha256=hashlib.sha256(data).hexdigest()))
+
+
+@pytest.fixture(params=["reference", "onnxruntime"])
+def mlp_artifact(request, tmp_path, make_mlp):
+    return write_artifact(tmp_path / "m.dz", make_mlp(), request.param)
+
+
+def test_a_graph_that_does_not_verify_is_refused(mlp_artifact):
+    rewrite_graph(mlp_artifact, "f32[s0, 3] = linear", "f32[s0, 5] = linear")
+    with pytest.raises(ArtifactError, match="graph.dzir does not verify"):
+        runtime.load(mlp_artifact)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda m: m["inputs"][0].update(dtype="f64"), r"manifest.json inputs\[0\] is \('x', 'f64'"),
+    (lambda m: m["inputs"][0].update(name="z"), r"inputs\[0\] is \('z'"),
+    (lambda m: m["outputs"][0].update(shape=["s0", 4]),
+     r"outputs\[0\] is \('y', 'f32', \('s0', 4\)"),
+    (lambda m: m["symbols"].update(s0=[2, 6400]), r"inputs\[0\] is .*6400"),
+    (lambda m: m["outputs"].append(dict(m["outputs"][0])), r"outputs\[1\] is \('y'.* has nothing"),
+])
+def test_specs_that_disagree_with_the_graph_are_refused(mlp_artifact, edit, message):
+    edit_manifest(mlp_artifact, edit)
+    with pytest.raises(ArtifactError, match=message) as info:
+        runtime.load(mlp_artifact)
+    assert "manifest.json" in info.value.where
+
+
+def test_index_ranges_that_disagree_with_the_graph_are_refused(tmp_path):
+    out = write_artifact(tmp_path / "m.dz", lookup_graph(), "onnxruntime")
+    edit_manifest(out, lambda m: m["index_inputs"]["ids"].update(hi=1000))
+    with pytest.raises(ArtifactError, match="index_inputs .* is not what graph.dzir gives"):
+        runtime.load(out)
+
+
+def test_without_recorded_index_ranges_the_graph_gives_them(tmp_path):
+    """Artifacts written before index_inputs was recorded still get their ids checked."""
+    out = write_artifact(tmp_path / "m.dz", lookup_graph(), "onnxruntime")
+    edit_manifest(out, lambda m: m.pop("index_inputs"))
+    import numpy as np
+
+    from compiler.errors import InputError
+    with pytest.raises(InputError, match="input 'ids' holds -1"):
+        runtime.load(out)(np.array([[1, -1]], np.int64))
