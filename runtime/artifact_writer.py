@@ -7,11 +7,16 @@ complete.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import json
 import os
+import re
 import shutil
+import signal
+import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -72,26 +77,113 @@ def write_artifact(out: str | Path, graph: Graph, backend: Backend | str, *,
         raise ValueError(f"manifest_extra may not set {clash}; the writer owns those keys")
     _check_target(out, force)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.tmp")
+    sweep_stale_temps(out.parent)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
     tmp.mkdir()  # not tempfile.mkdtemp: the artifact keeps the user's umask, not mode 0700
     try:
-        files: dict[str, dict[str, Any]] = {}
-        if ranks is None:
-            shard_files = _fill(tmp, graph, target, options, files, progress, shard_bytes)
-        else:
-            from .rank_files import write_ranks
-
-            entries = write_ranks(tmp, ranks, target, options, files, progress, shard_bytes)
-            _put(tmp, GRAPH, print_ir(graph).encode(), files)
-            extra["parallel"] = {**extra.get("parallel", {}), "ranks": entries}
-            shard_files = []
-        manifest = _manifest(graph, target.name, options, extra, shard_files, files)
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        _install(tmp, out, force)
+        with removed_on_sigterm(tmp):
+            _write_into(tmp, out, graph, target, options, extra, force, progress, shard_bytes,
+                        ranks)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _write_into(tmp: Path, out: Path, graph: Graph, target: Backend, options: dict[str, Any],
+                extra: dict[str, Any], force: bool, progress, shard_bytes: int, ranks) -> None:
+    files: dict[str, dict[str, Any]] = {}
+    if ranks is None:
+        shard_files = _fill(tmp, graph, target, options, files, progress, shard_bytes)
+    else:
+        from .rank_files import write_ranks
+
+        entries = write_ranks(tmp, ranks, target, options, files, progress, shard_bytes)
+        _put(tmp, GRAPH, print_ir(graph).encode(), files)
+        extra["parallel"] = {**extra.get("parallel", {}), "ranks": entries}
+        shard_files = []
+    manifest = _manifest(graph, target.name, options, extra, shard_files, files)
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    _install(tmp, out, force)
+
+
+# -- temporary folders: removed on SIGTERM, swept when their writer is gone ----------------------
+
+_TEMP_NAME = re.compile(r"^\..+\.(?:(\d+)-)?[0-9a-f]{8}\.tmp$")
+STALE_SECONDS = 600  # a temp folder without a recorded owner is left alone this long
+
+
+@contextlib.contextmanager
+def removed_on_sigterm(path: Path):
+    """While writing into `path`, SIGTERM removes it before the process ends as it would have.
+
+    SIGKILL cannot be caught: the folder name records the writer's pid, and the next write into
+    the same parent sweeps it (`sweep_stale_temps`). Only the main thread can set handlers;
+    elsewhere, and where SIGTERM is ignored, nothing changes.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous == signal.SIG_IGN:
+        yield
+        return
+
+    def on_sigterm(signum, frame):
+        shutil.rmtree(path, ignore_errors=True)
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+        if callable(previous):
+            previous(signum, frame)
+        else:
+            signal.raise_signal(signum)  # the default action: end with SIGTERM's status
+        raise DayzeroError("the artifact write was stopped by SIGTERM", str(path),
+                           "run the compile again")  # the program's handler returned
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+def sweep_stale_temps(parent: Path) -> list[Path]:
+    """Remove temporary artifact folders in `parent` left by killed writers; returns them.
+
+    A folder whose recorded pid is no longer running is stale; one without a pid (written by an
+    older dayzero) once it is older than STALE_SECONDS. A running writer's folder is kept.
+    """
+    removed = []
+    try:
+        entries = list(parent.iterdir())
+    except OSError:
+        return removed
+    now = time.time()
+    for path in entries:
+        match = _TEMP_NAME.match(path.name)
+        if match is None or path.is_symlink() or not path.is_dir():
+            continue
+        try:
+            pid = match.group(1)
+            stale = (not _running(int(pid))) if pid else \
+                now - path.stat().st_mtime > STALE_SECONDS
+        except OSError:
+            continue
+        if stale:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return pid < 2**31  # someone else's process: running
+    return True
 
 
 def _fill(root: Path, graph: Graph, backend: Backend, options: dict[str, Any],
