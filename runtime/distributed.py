@@ -23,9 +23,13 @@ import contextlib
 import json
 import logging
 import os
+import re
+import shutil
+import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -202,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verify", choices=("full", "size"), default="full")
     args = parser.parse_args(argv)
     rank = os.environ.get("RANK", "?")
+    _die_with_parent()
     model = None
     try:
         model = RankModel(args.artifact, verify=args.verify, timeout=args.timeout)
@@ -226,7 +231,9 @@ def _fail(rank: str, model: RankModel | None, message: str) -> int:
         model.comm.watchdog.fail(message)
     error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if error_file:
-        Path(error_file).write_text(json.dumps({"message": text, "timestamp": int(time.time())}))
+        now = time.time()
+        Path(error_file).write_text(json.dumps({"message": text, "timestamp": int(now),
+                                                "dayzero_time": now}))
     sys.stdout.flush()
     os._exit(1)
 
@@ -257,54 +264,220 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+RUN_DIR_PREFIX = "dayzero-run-"
+SHUTDOWN_SECONDS = 5  # how long stopped ranks get to exit before they are killed
+_RUN_DIR = re.compile(rf"^{RUN_DIR_PREFIX}(?:(\d+)-)?[\w]+$")
+_STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
+
+
 def launch(artifact: str | Path, nproc: int, inputs: dict[str, np.ndarray], *,
            timeout: float = DEFAULT_TIMEOUT, verify: str = "full") -> dict[str, np.ndarray]:
-    """Run a partitioned artifact on `nproc` local ranks; returns the outputs by name."""
+    """Run a partitioned artifact on `nproc` local ranks; returns the outputs by name.
+
+    Everything a launch writes (inputs, outputs, the elastic agent's logs and error files) lives
+    in one folder, dayzero-run-PID-xxxx in the temp dir, removed when the launch ends, also on
+    SIGTERM; a folder left by a launcher that was killed outright is swept by the next launch.
+    Ranks die with their launcher (they ask the kernel for SIGKILL when their parent goes).
+    """
+    sweep_run_dirs()
+    with _stopped_by_signals():  # outermost: the folder is removed before the signal ends us
+        tmp = Path(tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-"))
+        try:
+            return _launch_in(tmp, artifact, nproc, inputs, timeout, verify)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _launch_in(tmp: Path, artifact: str | Path, nproc: int, inputs: dict[str, np.ndarray],
+               timeout: float, verify: str) -> dict[str, np.ndarray]:
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    with tempfile.TemporaryDirectory(prefix="dayzero-run-") as tmp:
-        in_path, out_path = Path(tmp) / "inputs.npz", Path(tmp) / "outputs.npz"
-        write_npz(in_path, inputs)
-        config = LaunchConfig(
-            min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex,
-            rdzv_backend="static", rdzv_endpoint=f"127.0.0.1:{free_port()}",
-            rdzv_configs={"rank": 0, "timeout": int(timeout)}, max_restarts=0,
-            monitor_interval=0.1, local_addr="127.0.0.1")
-        args = ["-m", WORKER, str(artifact), "--inputs", str(in_path), "--output",
-                str(out_path), "--timeout", str(timeout), "--verify", verify]
-        threads = max(1, (os.cpu_count() or 1) // nproc)
-        saved = os.environ.get("OMP_NUM_THREADS")
-        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    in_path, out_path = tmp / "inputs.npz", tmp / "outputs.npz"
+    write_npz(in_path, inputs)
+    options = {"shutdown_timeout": SHUTDOWN_SECONDS} \
+        if "shutdown_timeout" in LaunchConfig.__dataclass_fields__ else {}
+    config = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex,
+        rdzv_backend="static", rdzv_endpoint=f"127.0.0.1:{free_port()}",
+        rdzv_configs={"rank": 0, "timeout": int(timeout)}, max_restarts=0,
+        monitor_interval=0.1, local_addr="127.0.0.1",
+        logs_specs=DefaultLogsSpecs(log_dir=str(tmp / "elastic")), **options)
+    args = ["-m", WORKER, str(artifact), "--inputs", str(in_path), "--output",
+            str(out_path), "--timeout", str(timeout), "--verify", verify]
+    threads = max(1, (os.cpu_count() or 1) // nproc)
+    saved = os.environ.get("OMP_NUM_THREADS")
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    try:
+        with _quiet_launcher():
+            elastic_launch(config, sys.executable)(*args)
+    except ChildFailedError as exc:
+        raise _launch_error(exc) from None
+    finally:
+        if saved is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+    with np.load(out_path, allow_pickle=False) as data:
+        return {k: data[k] for k in data.files}
+
+
+class _Stopped(BaseException):
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by signal {signum}")
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _stopped_by_signals():
+    """SIGTERM, SIGINT or SIGHUP during a launch: unwind (the agent stops the ranks and the
+    caller's `finally` removes the run folder), then end as the signal would have ended us.
+
+    The elastic agent installs its own handlers while its ranks run (raising SignalException);
+    both are turned into the signal's own ending here. Only the main thread can set handlers.
+    """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {}
+    for name in _STOP_SIGNALS:
+        sig = getattr(signal, name)
+        previous[sig] = signal.getsignal(sig)
+        if previous[sig] not in (signal.SIG_IGN, None):
+            signal.signal(sig, _raise_stopped)
+    stopped = None
+    try:
+        yield
+    except _Stopped as exc:
+        stopped = exc.signum
+    except SignalException as exc:
+        stopped = int(exc.sigval)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+    if stopped is not None:
+        signal.raise_signal(stopped)  # the caller's handler, or the default ending
+        raise KeyboardInterrupt if stopped == signal.SIGINT else SystemExit(128 + stopped)
+
+
+def _raise_stopped(signum, frame):
+    raise _Stopped(signum)
+
+
+def sweep_run_dirs(parent: str | Path | None = None) -> list[Path]:
+    """Remove run folders of launchers that are gone (killed outright); returns them.
+
+    A folder whose recorded pid no longer runs is stale; one without a pid (an older dayzero)
+    once it is an hour old.
+    """
+    parent = Path(parent or tempfile.gettempdir())
+    removed = []
+    try:
+        entries = list(parent.iterdir())
+    except OSError:
+        return removed
+    for path in entries:
+        match = _RUN_DIR.match(path.name)
+        if match is None or path.is_symlink() or not path.is_dir():
+            continue
         try:
-            with _quiet_launcher():
-                elastic_launch(config, sys.executable)(*args)
-        except ChildFailedError as exc:
-            raise _launch_error(exc) from None
-        finally:
-            if saved is None:
-                os.environ.pop("OMP_NUM_THREADS", None)
-        with np.load(out_path, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
+            pid = match.group(1)
+            stale = not _running(int(pid)) if pid else time.time() - path.stat().st_mtime > 3600
+        except OSError:
+            continue
+        if stale:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return pid < 2**31
+    return True
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this rank when its launcher dies (Linux; elsewhere nothing):
+    a launcher killed outright must not leave ranks running until their collectives time out."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the launcher died before the request took effect
+        os._exit(1)
 
 
 def _launch_error(exc) -> DayzeroError:
-    """One message for the parent: the ranks that failed by themselves, and who was stopped.
+    """One message for the parent: the rank(s) that failed first, and the ones that followed.
 
-    When one rank fails the launcher stops the others with SIGTERM; those are consequences.
+    When one rank fails the launcher stops the others with SIGTERM, and peers of a dead rank
+    fail naming it a few seconds later: those are consequences. So the cause is a rank killed
+    by another signal (SIGKILL, a crash) if any — the launcher never sends those first —, else
+    the rank(s) that failed by themselves first (by the time in their error files).
     """
     failures = dict(exc.failures)
-    causes = {r: f for r, f in failures.items() if f.exitcode >= 0} or failures
-    stopped = sorted(set(failures) - set(causes))
+    causes = _first_failures(failures)
+    after = sorted(set(failures) - set(causes))
     lines = []
     for rank, failure in sorted(causes.items()):
-        text = str(failure.message or f"exited with code {failure.exitcode}").splitlines()[0]
-        lines.append(f"rank {rank} failed: {text.removeprefix(f'rank {rank}: ')}")
+        lines.append(f"rank {rank} {_what_happened(rank, failure)}")
+    stopped = [r for r in after if failures[r].exitcode == -signal.SIGTERM]
+    followed = [r for r in after if r not in stopped]
+    if followed:
+        lines.append(f"rank(s) {', '.join(map(str, followed))} failed after that")
     if stopped:
         lines.append(f"rank(s) {', '.join(map(str, stopped))} were stopped by the launcher")
-    first = min(causes) if causes else "?"
-    return DayzeroError("; ".join(lines), f"rank {first}",
-                        f"fix what rank {first} reports (its full error is above) and run again")
+    first = ", ".join(map(str, sorted(causes))) if causes else "?"
+    who = f"rank {first}" if len(causes) <= 1 else f"ranks {first}"
+    killed = all(f.exitcode < 0 for f in causes.values())
+    fix = (f"find out why {who} died (killed, out of memory, crashed) and run again" if killed
+           else f"fix what {who} reports (its full error is above) and run again")
+    return DayzeroError("; ".join(lines), who, fix)
+
+
+def _first_failures(failures: dict[int, Any]) -> dict[int, Any]:
+    killed = {r: f for r, f in failures.items()
+              if f.exitcode < 0 and -f.exitcode != signal.SIGTERM}
+    if killed:
+        return killed
+    own = {r: f for r, f in failures.items() if f.exitcode >= 0}
+    if not own:
+        return failures
+    times = {r: _failure_time(f) for r, f in own.items()}
+    start = min(times.values())
+    return {r: f for r, f in own.items() if times[r] - start < 1.0}
+
+
+def _failure_time(failure) -> float:
+    data = getattr(failure, "error_file_data", None)
+    if isinstance(data, dict) and isinstance(data.get("dayzero_time"), (int, float)):
+        return float(data["dayzero_time"])
+    return float(failure.timestamp)
+
+
+def _what_happened(rank: int, failure) -> str:
+    if failure.exitcode < 0:
+        try:
+            name = signal.Signals(-failure.exitcode).name
+        except ValueError:
+            name = f"signal {-failure.exitcode}"
+        return f"was killed by {name}"
+    text = str(failure.message or f"exited with code {failure.exitcode}").splitlines()[0]
+    return f"failed: {text.removeprefix(f'rank {rank}: ')}"
 
 
 @contextlib.contextmanager
@@ -357,14 +530,28 @@ def partitioned_world(path: str | Path) -> int:
     return world_size(read_manifest(Path(path)))
 
 
-def load_partitioned(path: str | Path, verify: str = "full"):
+def load_partitioned(path: str | Path, verify: str = "full", timeout: float | None = None):
     """`runtime.load` for a partitioned artifact: this rank's part inside a torch.distributed
     job (a launcher set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), else a model that launches
-    the ranks on this machine on each call."""
+    the ranks on this machine on each call. `timeout`: seconds a collective waits for its
+    peers (None: DEFAULT_TIMEOUT)."""
+    timeout = check_timeout(timeout)
     if all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
-        return RankModel(path, verify=verify)
+        return RankModel(path, verify=verify, timeout=timeout)
     # each rank hashes its own weight shards; the launching process reads sizes and headers
-    return LaunchedModel(open_artifact(path, verify="size"), verify=verify)
+    return LaunchedModel(open_artifact(path, verify="size"), verify=verify, timeout=timeout)
+
+
+def check_timeout(timeout: float | None) -> float:
+    """A collective timeout in seconds: a positive finite number (None: the default)."""
+    if timeout is None:
+        return DEFAULT_TIMEOUT
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+            or not 0 < timeout < float("inf"):
+        raise DayzeroError(f"timeout={timeout!r} is not a positive number of seconds",
+                           "runtime.load(timeout=...)", "give the seconds a collective may wait "
+                           f"for its peers, e.g. timeout=60 (default {DEFAULT_TIMEOUT:.0f})")
+    return float(timeout)
 
 
 if __name__ == "__main__":

@@ -73,7 +73,7 @@ class CompiledModel:
 
 
 def load(path: str | Path, verify: str = "full", *,
-         session: Mapping[str, Any] | None = None) -> CompiledModel:
+         session: Mapping[str, Any] | None = None, timeout: float | None = None):
     """Open, verify and load the artifact at `path`; runs no code stored in it.
 
     `verify="size"` skips hashing the weight files (their sizes and headers are still checked).
@@ -82,6 +82,9 @@ def load(path: str | Path, verify: str = "full", *,
     machine that runs the model (onnxruntime artifacts; other backends refuse it).
     A partitioned artifact (several ranks) gives a `runtime.distributed` model instead: this
     rank's part inside a torch.distributed job, else one that launches its ranks on each call.
+    `timeout` is then the seconds a collective waits for its peers (default 300), also inside
+    torchrun: it reaches the process group's initialisation. A single-rank artifact has no
+    collectives and ignores it.
     """
     from .distributed import load_partitioned, partitioned_world
 
@@ -90,7 +93,7 @@ def load(path: str | Path, verify: str = "full", *,
             raise DayzeroError("session settings cannot be overridden for a partitioned "
                                "artifact yet", str(path),
                                "compile with backend_options session settings instead")
-        return load_partitioned(path, verify=verify)
+        return load_partitioned(path, verify=verify, timeout=timeout)
     return CompiledModel(open_artifact(path, verify=verify), session=session)
 
 
