@@ -25,14 +25,7 @@ def check_artifact_graph(artifact: Artifact, input_specs: Sequence[TensorSpec],
                          output_specs: Sequence[TensorSpec]) -> dict[str, IndexRange]:
     """Parse and verify graph.dzir, check the manifest against it; returns its index inputs."""
     manifest = artifact.manifest
-    path = f"{artifact.root}/{manifest['graph']}"
-    try:
-        graph = parse_ir(artifact.graph_text(), source=path)
-        verify(graph)
-    except (IRParseError, VerificationError) as exc:
-        where = exc.where if exc.where and path in exc.where else \
-            f"{path}: {exc.where}" if exc.where else path
-        raise ArtifactError(f"graph.dzir does not verify: {exc.what}", where, _FIX) from None
+    graph = parse_verified(artifact.graph_text(), f"{artifact.root}/{manifest['graph']}")
     check_specs(graph, input_specs, output_specs, f"{artifact.root}/manifest.json")
     found = find_index_inputs(graph)
     recorded = manifest.get(MANIFEST_KEY)
@@ -44,6 +37,19 @@ def check_artifact_graph(artifact: Artifact, input_specs: Sequence[TensorSpec],
     if plan is not None:
         check_memory_plan(plan, graph, f"{artifact.root}/manifest.json: memory_plan")
     return found
+
+
+def parse_verified(text: str, path: str) -> Graph:
+    """The graph of a .dzir text from an artifact, verified; ArtifactError naming `path`."""
+    try:
+        graph = parse_ir(text, source=path)
+        verify(graph)
+    except (IRParseError, VerificationError) as exc:
+        where = exc.where if exc.where and path in exc.where else \
+            f"{path}: {exc.where}" if exc.where else path
+        name = path.rsplit("/", 1)[-1]
+        raise ArtifactError(f"{name} does not verify: {exc.what}", where, _FIX) from None
+    return graph
 
 
 def check_specs(graph: Graph, input_specs: Sequence[TensorSpec],

@@ -72,3 +72,22 @@ def test_without_recorded_index_ranges_the_graph_gives_them(tmp_path):
     from compiler.errors import InputError
     with pytest.raises(InputError, match="input 'ids' holds -1"):
         runtime.load(out)(np.array([[1, -1]], np.int64))
+
+
+def test_a_rank_graph_that_does_not_verify_is_refused(tmp_path, make_mlp):
+    from types import SimpleNamespace
+
+    from runtime.artifact import open_artifact
+    from runtime.rank_exec import RankExecutor
+
+    ranks = [SimpleNamespace(rank=r, coords={"tp": r}, graph=make_mlp()) for r in (0, 1)]
+    out = write_artifact(tmp_path / "p.dz", make_mlp(), "reference", ranks=ranks,
+                         manifest_extra={"parallel": {"world_size": 2}})
+    RankExecutor(open_artifact(out, rank=1), 1)  # as written, it loads
+    path = out / "graphs" / "rank-1.dzir"
+    data = path.read_text().replace("%y: f32[s0, 3] = linear", "%y: f32[s0, 3] = relu").encode()
+    path.write_bytes(data)
+    edit_manifest(out, lambda m: m["files"]["graphs/rank-1.dzir"].update(
+        size=len(data), sha256=hashlib.sha256(data).hexdigest()))
+    with pytest.raises(ArtifactError, match="rank-1.dzir does not verify"):
+        RankExecutor(open_artifact(out, rank=1), 1)
