@@ -28,12 +28,14 @@ class CompiledModel:
         self.artifact = artifact
         self.input_specs: list[TensorSpec] = specs_from_manifest(artifact.manifest, "inputs")
         self.output_specs: list[TensorSpec] = specs_from_manifest(artifact.manifest, "outputs")
-        read_index_inputs(artifact.manifest, [s.name for s in self.input_specs])  # its form
-        # the graph, specs, index ranges and memory plan the executor trusts, checked here
-        self.index_ranges = check_artifact_graph(artifact, self.input_specs, self.output_specs)
+        self.index_ranges = read_index_inputs(artifact.manifest,
+                                              [s.name for s in self.input_specs])
         self.backend = _backend_for(artifact)
         self._output_dtypes = [_numpy_dtype(spec.dtype) for spec in self.output_specs]
-        self._executable = _load_executable(self.backend, artifact, session)
+        view = _CheckedView(artifact, self)
+        if artifact.manifest.get("memory_plan") is not None:
+            view.check()  # the plan is checked against the graph whatever the backend reads
+        self._executable = _load_executable(self.backend, view, session)
 
     @property
     def path(self) -> Path:
@@ -70,6 +72,31 @@ class CompiledModel:
             if out.dtype != dtype:
                 raise RuntimeError(f"backend {self.backend.name} returned {out.dtype} for output "
                                    f"'{spec.name}', which is {spec.dtype}")
+
+
+class _CheckedView:
+    """The artifact as its backend sees it: graph.dzir is parsed and checked (it verifies, the
+    specs and index ranges are its own, a memory plan is sound) before the backend first reads
+    it. Parsing a large graph takes seconds, so backends that never read it (onnxruntime runs
+    its ONNX payload) do not pay for it; they rely on the index ranges the manifest records.
+    """
+
+    def __init__(self, artifact: Artifact, model: CompiledModel):
+        self._artifact, self._model, self._checked = artifact, model, False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._artifact, name)
+
+    def check(self) -> None:
+        if not self._checked:
+            model = self._model
+            model.index_ranges = check_artifact_graph(self._artifact, model.input_specs,
+                                                      model.output_specs)
+            self._checked = True
+
+    def graph_text(self, *args: Any, **kwargs: Any) -> str:
+        self.check()
+        return self._artifact.graph_text(*args, **kwargs)
 
 
 def load(path: str | Path, verify: str = "full", *,
