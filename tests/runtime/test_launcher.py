@@ -130,8 +130,13 @@ SLEEPER = textwrap.dedent("""
 LAUNCHER = textwrap.dedent("""
     import numpy as np
     import runtime.distributed as d
+    from compiler.errors import DayzeroError
     d.WORKER = "sleeper"
-    d.launch("unused.dz", 2, {"x": np.zeros(2)}, timeout=30)
+    try:
+        d.launch("unused.dz", 2, {"x": np.zeros(2)}, timeout=30)
+    except DayzeroError as exc:
+        print(f"{exc.what} | {exc.where}", flush=True)
+        raise SystemExit(1)
 """)
 
 
@@ -152,12 +157,14 @@ def launched(tmp_path):
     pids.mkdir()
     env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}", TMPDIR=str(tmp),
                PIDS=str(pids))
-    proc = subprocess.Popen([sys.executable, "-c", LAUNCHER], cwd=ROOT, env=env)
+    proc = subprocess.Popen([sys.executable, "-c", LAUNCHER], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 90
     while len(list(pids.iterdir())) < 2 and time.monotonic() < deadline:
         time.sleep(0.2)
     time.sleep(0.5)  # the pid files are written: each rank has asked to die with its parent
-    ranks = [int(p.read_text()) for p in pids.iterdir()]
+    by_rank = {int(p.name): int(p.read_text()) for p in pids.iterdir()}
+    ranks = [by_rank[r] for r in sorted(by_rank)]
     yield proc, ranks, tmp
     proc.kill()
     for pid in ranks:
@@ -194,3 +201,13 @@ def test_a_killed_launcher_takes_its_ranks_along_and_the_next_launch_sweeps(laun
     left = list(tmp.iterdir())
     assert [p.name.startswith(f"dayzero-run-{proc.pid}-") for p in left] == [True]
     assert sweep_run_dirs(tmp) == left and list(tmp.iterdir()) == []
+
+
+def test_a_rank_killed_during_a_launch_is_the_one_blamed(launched):
+    proc, ranks, tmp = launched
+    os.kill(ranks[1], signal.SIGKILL)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert out.strip() == ("rank 1 was killed by SIGKILL; rank(s) 0 were stopped by the "
+                           "launcher | rank 1")
+    assert wait_gone(ranks) and list(tmp.iterdir()) == []
