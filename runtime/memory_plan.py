@@ -9,7 +9,8 @@ through the last step that reads the root or any value the plan stores in it), a
 
 - every node output is placed exactly once (own buffer, inside another buffer, or outside),
 - every buffer is aligned, inside the arena, and reserves what its value needs at the plan's sizes
-  (no more than that rounded up to the alignment, so an edit cannot inflate the arena),
+  (no more than that rounded up to the alignment, so an edit cannot inflate the arena), and every
+  value stored inside another's buffer fits in it at its offset,
 - no two buffers that are live at the same step share a byte.
 
 The last check sweeps the steps in order keeping the live buffers in a max segment tree over
@@ -71,6 +72,11 @@ def check_memory_plan(plan: Any, graph: Graph, where: str) -> None:
                   f"the {arena}-byte arena as a slot of {need}..{reserve} bytes aligned to "
                   f"{alignment}", where)
         buffers.append(_Buffer(name, offset, size, step, step))
+    for name, (root, kind, offset) in shares.items():
+        need = env.nbytes(steps[name][1])
+        if offset + need > slots[root][1]:
+            _fail(f"memory plan puts %{name} ({need} bytes, {kind}) at byte {offset} of the "
+                  f"{slots[root][1]}-byte buffer of %{root}: it does not fit", where)
     top = max((b.end for b in buffers), default=0)
     if arena > top:
         _fail(f"the memory plan's arena is {arena} bytes but its buffers end at byte {top}",
@@ -102,7 +108,8 @@ def _sizes(sizes: Any, graph: Graph, where: str) -> dict[str, int]:
 
 
 def _placements(plan: Mapping[str, Any], where: str):
-    """value -> (offset, size); value -> (root, kind); external values. Checks the form."""
+    """value -> (offset, size); value -> (root, kind, offset); external values. Checks the
+    form."""
     slots: dict[str, tuple[int, int]] = {}
     shares: dict[str, tuple[str, str]] = {}
     try:
@@ -119,7 +126,10 @@ def _placements(plan: Mapping[str, Any], where: str):
             if root not in slots:
                 _fail(f"memory plan shares %{name} with %{root} as {kind!r}, which has no "
                       "slot", where)
-            shares[name] = (root, kind)
+            offset = a["offset"]
+            if type(offset) is not int or offset < 0 or (kind == "inplace" and offset):
+                raise ValueError(f"alias {a!r}")
+            shares[name] = (root, kind, offset)
         external = [v for v in plan["external"] if isinstance(v, str)]
         if len(external) != len(plan["external"]):
             raise ValueError("external")
@@ -129,7 +139,7 @@ def _placements(plan: Mapping[str, Any], where: str):
 
 
 def _steps(graph: Graph, slots, shares, external, where: str) -> dict[str, tuple[int, Any]]:
-    """Every node output placed exactly once; the step and value of each buffer root."""
+    """Every node output placed exactly once; the step and value of each placed in the arena."""
     roots = {}
     placed = 0
     for step, node in enumerate(graph.nodes):
@@ -139,7 +149,7 @@ def _steps(graph: Graph, slots, shares, external, where: str) -> dict[str, tuple
                 _fail(f"the memory plan does not place %{name} of graph.dzir exactly once",
                       where)
             placed += 1
-            if name in slots:
+            if name in slots or name in shares:
                 roots[name] = (step, value)
     if len(slots) + len(shares) + len(external) != placed:
         _fail("the memory plan places values graph.dzir does not have", where)
@@ -171,7 +181,7 @@ class _Sizes:
 def _live_ranges(graph: Graph, buffers: list[_Buffer], shares) -> list[_Buffer]:
     """Each buffer with its last step: the last node reading its root or a value stored in it."""
     root_of = {b.value: b.value for b in buffers}
-    root_of.update({name: root for name, (root, _) in shares.items()})
+    root_of.update({name: root for name, (root, _, _) in shares.items()})
     last = {b.value: b.first for b in buffers}
     for step, node in enumerate(graph.nodes):
         for value in (*node.inputs, *node.outputs):

@@ -64,6 +64,9 @@ def test_the_recorded_live_steps_are_not_trusted(tmp_path):
     (lambda p: buffer(p, "h").update(offset=-64), "malformed"),
     (lambda p: p["sizes"].update(s0=10**9), r"size s0=1000000000 is not a value"),
     (lambda p: p["buffers"].append(dict(p["buffers"][0])), "malformed"),
+    (lambda p: p["aliases"][0].update(offset=10**6), r"at byte 1000000 of the .* it does not fit"),
+    (lambda p: next(a for a in p["aliases"] if a["kind"] == "inplace").update(offset=64),
+     "malformed"),
 ])
 def test_a_malformed_plan_is_an_artifact_error(tmp_path, edit, message):
     with pytest.raises(ArtifactError, match=message):
