@@ -16,7 +16,6 @@ import re
 import shutil
 import signal
 import threading
-import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -40,6 +39,7 @@ from .artifact import (
     safe_relpath,
 )
 from .index_inputs import index_inputs_json
+from .stale_dirs import sweep
 
 DEFAULT_SHARD_BYTES = 2 * 2**30
 
@@ -152,38 +152,7 @@ def sweep_stale_temps(parent: Path) -> list[Path]:
     A folder whose recorded pid is no longer running is stale; one without a pid (written by an
     older dayzero) once it is older than STALE_SECONDS. A running writer's folder is kept.
     """
-    removed = []
-    try:
-        entries = list(parent.iterdir())
-    except OSError:
-        return removed
-    now = time.time()
-    for path in entries:
-        match = _TEMP_NAME.match(path.name)
-        if match is None or path.is_symlink() or not path.is_dir():
-            continue
-        try:
-            pid = match.group(1)
-            stale = (not _running(int(pid))) if pid else \
-                now - path.stat().st_mtime > STALE_SECONDS
-        except OSError:
-            continue
-        if stale:
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
-    return removed
-
-
-def _running(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return pid < 2**31  # someone else's process: running
-    return True
+    return sweep(parent, _TEMP_NAME, STALE_SECONDS)
 
 
 def _fill(root: Path, graph: Graph, backend: Backend, options: dict[str, Any],

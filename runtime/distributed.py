@@ -46,6 +46,7 @@ from .convert import to_numpy
 from .index_inputs import read_index_inputs
 from .npz_files import write_npz
 from .specs import TensorSpec, specs_from_manifest
+from .stale_dirs import sweep
 from .validate import prepare_inputs
 
 WORKER = "runtime.distributed"
@@ -371,37 +372,7 @@ def sweep_run_dirs(parent: str | Path | None = None) -> list[Path]:
     A folder whose recorded pid no longer runs is stale; one without a pid (an older dayzero)
     once it is an hour old.
     """
-    parent = Path(parent or tempfile.gettempdir())
-    removed = []
-    try:
-        entries = list(parent.iterdir())
-    except OSError:
-        return removed
-    for path in entries:
-        match = _RUN_DIR.match(path.name)
-        if match is None or path.is_symlink() or not path.is_dir():
-            continue
-        try:
-            pid = match.group(1)
-            stale = not _running(int(pid)) if pid else time.time() - path.stat().st_mtime > 3600
-        except OSError:
-            continue
-        if stale:
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
-    return removed
-
-
-def _running(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return pid < 2**31
-    return True
+    return sweep(Path(parent or tempfile.gettempdir()), _RUN_DIR, 3600)
 
 
 def _die_with_parent() -> None:
