@@ -7,12 +7,16 @@ complete.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import json
 import os
+import re
 import shutil
+import signal
 import tempfile
+import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -35,12 +39,15 @@ from .artifact import (
     WEIGHTS_DIR,
     safe_relpath,
 )
+from .index_inputs import index_inputs_json
+from .stale_dirs import sweep
 
 DEFAULT_SHARD_BYTES = 2 * 2**30
 
 # Keys the writer owns; `manifest_extra` may add others (pipeline, config, ...) but not these.
 _OWN_KEYS = frozenset({"format", "format_version", "producer", "producer_version", "backend",
-                       "backend_options", "graph", "inputs", "outputs", "symbols", "files"})
+                       "backend_options", "graph", "inputs", "outputs", "symbols", "files",
+                       "index_inputs"})
 
 # -- writing -----------------------------------------------------------------------------------
 
@@ -71,26 +78,82 @@ def write_artifact(out: str | Path, graph: Graph, backend: Backend | str, *,
         raise ValueError(f"manifest_extra may not set {clash}; the writer owns those keys")
     _check_target(out, force)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.tmp")
+    sweep_stale_temps(out.parent)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
     tmp.mkdir()  # not tempfile.mkdtemp: the artifact keeps the user's umask, not mode 0700
     try:
-        files: dict[str, dict[str, Any]] = {}
-        if ranks is None:
-            shard_files = _fill(tmp, graph, target, options, files, progress, shard_bytes)
-        else:
-            from .rank_files import write_ranks
-
-            entries = write_ranks(tmp, ranks, target, options, files, progress, shard_bytes)
-            _put(tmp, GRAPH, print_ir(graph).encode(), files)
-            extra["parallel"] = {**extra.get("parallel", {}), "ranks": entries}
-            shard_files = []
-        manifest = _manifest(graph, target.name, options, extra, shard_files, files)
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        _install(tmp, out, force)
+        with removed_on_sigterm(tmp):
+            _write_into(tmp, out, graph, target, options, extra, force, progress, shard_bytes,
+                        ranks)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _write_into(tmp: Path, out: Path, graph: Graph, target: Backend, options: dict[str, Any],
+                extra: dict[str, Any], force: bool, progress, shard_bytes: int, ranks) -> None:
+    files: dict[str, dict[str, Any]] = {}
+    if ranks is None:
+        shard_files = _fill(tmp, graph, target, options, files, progress, shard_bytes)
+    else:
+        from .rank_files import write_ranks
+
+        entries = write_ranks(tmp, ranks, target, options, files, progress, shard_bytes)
+        _put(tmp, GRAPH, print_ir(graph).encode(), files)
+        extra["parallel"] = {**extra.get("parallel", {}), "ranks": entries}
+        shard_files = []
+    manifest = _manifest(graph, target.name, options, extra, shard_files, files)
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    _install(tmp, out, force)
+
+
+# -- temporary folders: removed on SIGTERM, swept when their writer is gone ----------------------
+
+_TEMP_NAME = re.compile(r"^\..+\.(?:(\d+)-)?[0-9a-f]{8}\.tmp$")
+STALE_SECONDS = 600  # a temp folder without a recorded owner is left alone this long
+
+
+@contextlib.contextmanager
+def removed_on_sigterm(path: Path):
+    """While writing into `path`, SIGTERM removes it before the process ends as it would have.
+
+    SIGKILL cannot be caught: the folder name records the writer's pid, and the next write into
+    the same parent sweeps it (`sweep_stale_temps`). Only the main thread can set handlers;
+    elsewhere, and where SIGTERM is ignored, nothing changes.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous == signal.SIG_IGN:
+        yield
+        return
+
+    def on_sigterm(signum, frame):
+        shutil.rmtree(path, ignore_errors=True)
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+        if callable(previous):
+            previous(signum, frame)
+        else:
+            signal.raise_signal(signum)  # the default action: end with SIGTERM's status
+        raise DayzeroError("the artifact write was stopped by SIGTERM", str(path),
+                           "run the compile again")  # the program's handler returned
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+def sweep_stale_temps(parent: Path) -> list[Path]:
+    """Remove temporary artifact folders in `parent` left by killed writers; returns them.
+
+    A folder whose recorded pid is no longer running is stale; one without a pid (written by an
+    older dayzero) once it is older than STALE_SECONDS. A running writer's folder is kept.
+    """
+    return sweep(parent, _TEMP_NAME, STALE_SECONDS)
 
 
 def _fill(root: Path, graph: Graph, backend: Backend, options: dict[str, Any],
@@ -165,6 +228,7 @@ def _manifest(graph: Graph, backend: str, options: dict[str, Any], extra: dict[s
         "inputs": [_spec(v) for v in graph.inputs],
         "outputs": [_spec(v) for v in graph.outputs],
         "symbols": {name: [lo, hi] for name, (lo, hi) in graph.symbols.items()},
+        "index_inputs": index_inputs_json(graph),
         "parallel": parallel,
         "pipeline": extra.pop("pipeline", None),
         **extra,

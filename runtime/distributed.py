@@ -23,9 +23,13 @@ import contextlib
 import json
 import logging
 import os
+import re
+import shutil
+import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -39,16 +43,48 @@ from .artifact import Artifact, open_artifact
 from .artifact import _read_manifest as read_manifest
 from .comm import DEFAULT_TIMEOUT, Rendezvous, TorchCommunicator, barrier, connect
 from .convert import to_numpy
+from .index_inputs import read_index_inputs
 from .npz_files import write_npz
 from .specs import TensorSpec, specs_from_manifest
-from .validate import validate_inputs
+from .stale_dirs import sweep
+from .validate import prepare_inputs
 
 WORKER = "runtime.distributed"
 RUN_SECONDS = "__dayzero_run_seconds__"  # extra entry of the output rank's .npz
 
 
+MAX_WORLD_SIZE = 65536  # far beyond any real job; bounds what an edited manifest can launch
+
+
 def world_size(manifest: dict[str, Any]) -> int:
-    return int(manifest.get("parallel", {}).get("world_size", 1))
+    """`parallel.world_size`, checked against the rank entries the artifact lists.
+
+    Never trusted by itself: it decides how many processes a launch starts.
+    """
+    parallel = manifest.get("parallel", {})
+    where = "manifest.json: parallel.world_size"
+    fix = "the artifact is corrupted or was edited; recompile it"
+    want = parallel.get("world_size", 1)
+    if type(want) is not int or not 1 <= want <= MAX_WORLD_SIZE:
+        raise ArtifactError(f"parallel.world_size is {_short(want)}, not a whole number in "
+                            f"[1, {MAX_WORLD_SIZE}]", where, fix)
+    ranks = parallel.get("ranks")
+    listed = [r.get("rank") if isinstance(r, dict) else None for r in ranks] \
+        if isinstance(ranks, list) else [None]
+    if any(type(r) is not int for r in listed):
+        raise ArtifactError("parallel.ranks is not a list of rank entries", where, fix)
+    listed.sort()
+    if listed != list(range(want)):
+        shown = listed if len(listed) <= 8 else f"{listed[:8]} ... ({len(listed)} in all)"
+        raise ArtifactError(f"parallel.world_size is {want} but the artifact lists ranks "
+                            f"{shown} (parallel.ranks)", where,
+                            f"a world of {want} needs exactly ranks 0..{want - 1}; {fix}")
+    return want
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def output_rank(manifest: dict[str, Any]) -> int:
@@ -85,6 +121,7 @@ class RankModel:
         check_world(manifest, self.env.world_size, f"rank {self.env.rank}")
         self.input_specs: list[TensorSpec] = specs_from_manifest(manifest, "inputs")
         self.output_specs: list[TensorSpec] = specs_from_manifest(manifest, "outputs")
+        self.index_ranges = read_index_inputs(manifest, [s.name for s in self.input_specs])
         groups = [g for axis in sorted(manifest["parallel"].get("groups", {}))
                   for g in manifest["parallel"]["groups"][axis]]
         # join first, so that a rank failing to load is reported to the others by name
@@ -106,8 +143,7 @@ class RankModel:
     def __call__(self, *inputs: Any) -> tuple[np.ndarray, ...]:
         from compiler.ir.ops.collective import bind_communicator
 
-        arrays = [np.ascontiguousarray(to_numpy(x)) for x in inputs]
-        bindings = validate_inputs(self.input_specs, arrays)
+        arrays, bindings = prepare_inputs(self.input_specs, inputs, self.index_ranges)
         try:
             with bind_communicator(self.comm):
                 outputs = self.program(arrays, bindings)
@@ -172,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verify", choices=("full", "size"), default="full")
     args = parser.parse_args(argv)
     rank = os.environ.get("RANK", "?")
+    _die_with_parent()
     model = None
     try:
         model = RankModel(args.artifact, verify=args.verify, timeout=args.timeout)
@@ -199,7 +236,9 @@ def _fail(rank: str, model: RankModel | None, message: str) -> int:
         model.comm.watchdog.fail(message)
     error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if error_file:
-        Path(error_file).write_text(json.dumps({"message": text, "timestamp": int(time.time())}))
+        now = time.time()
+        Path(error_file).write_text(json.dumps({"message": text, "timestamp": int(now),
+                                                "dayzero_time": now}))
     sys.stdout.flush()
     os._exit(1)
 
@@ -230,54 +269,190 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+RUN_DIR_PREFIX = "dayzero-run-"
+SHUTDOWN_SECONDS = 5  # how long stopped ranks get to exit before they are killed
+_RUN_DIR = re.compile(rf"^{RUN_DIR_PREFIX}(?:(\d+)-)?[\w]+$")
+_STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
+
+
 def launch(artifact: str | Path, nproc: int, inputs: dict[str, np.ndarray], *,
            timeout: float = DEFAULT_TIMEOUT, verify: str = "full") -> dict[str, np.ndarray]:
-    """Run a partitioned artifact on `nproc` local ranks; returns the outputs by name."""
+    """Run a partitioned artifact on `nproc` local ranks; returns the outputs by name.
+
+    Everything a launch writes (inputs, outputs, the elastic agent's logs and error files) lives
+    in one folder, dayzero-run-PID-xxxx in the temp dir, removed when the launch ends, also on
+    SIGTERM; a folder left by a launcher that was killed outright is swept by the next launch.
+    Ranks die with their launcher (they ask the kernel for SIGKILL when their parent goes).
+    """
+    sweep_run_dirs()
+    with _stopped_by_signals():  # outermost: the folder is removed before the signal ends us
+        tmp = Path(tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-"))
+        try:
+            return _launch_in(tmp, artifact, nproc, inputs, timeout, verify)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _launch_in(tmp: Path, artifact: str | Path, nproc: int, inputs: dict[str, np.ndarray],
+               timeout: float, verify: str) -> dict[str, np.ndarray]:
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    with tempfile.TemporaryDirectory(prefix="dayzero-run-") as tmp:
-        in_path, out_path = Path(tmp) / "inputs.npz", Path(tmp) / "outputs.npz"
-        write_npz(in_path, inputs)
-        config = LaunchConfig(
-            min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex,
-            rdzv_backend="static", rdzv_endpoint=f"127.0.0.1:{free_port()}",
-            rdzv_configs={"rank": 0, "timeout": int(timeout)}, max_restarts=0,
-            monitor_interval=0.1, local_addr="127.0.0.1")
-        args = ["-m", WORKER, str(artifact), "--inputs", str(in_path), "--output",
-                str(out_path), "--timeout", str(timeout), "--verify", verify]
-        threads = max(1, (os.cpu_count() or 1) // nproc)
-        saved = os.environ.get("OMP_NUM_THREADS")
-        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-        try:
-            with _quiet_launcher():
-                elastic_launch(config, sys.executable)(*args)
-        except ChildFailedError as exc:
-            raise _launch_error(exc) from None
-        finally:
-            if saved is None:
-                os.environ.pop("OMP_NUM_THREADS", None)
-        with np.load(out_path, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
+    in_path, out_path = tmp / "inputs.npz", tmp / "outputs.npz"
+    write_npz(in_path, inputs)
+    options = {"shutdown_timeout": SHUTDOWN_SECONDS} \
+        if "shutdown_timeout" in LaunchConfig.__dataclass_fields__ else {}
+    config = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex,
+        rdzv_backend="static", rdzv_endpoint=f"127.0.0.1:{free_port()}",
+        rdzv_configs={"rank": 0, "timeout": int(timeout)}, max_restarts=0,
+        monitor_interval=0.1, local_addr="127.0.0.1",
+        logs_specs=DefaultLogsSpecs(log_dir=str(tmp / "elastic")), **options)
+    args = ["-m", WORKER, str(artifact), "--inputs", str(in_path), "--output",
+            str(out_path), "--timeout", str(timeout), "--verify", verify]
+    threads = max(1, (os.cpu_count() or 1) // nproc)
+    saved = os.environ.get("OMP_NUM_THREADS")
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    try:
+        with _quiet_launcher():
+            elastic_launch(config, sys.executable)(*args)
+    except ChildFailedError as exc:
+        raise _launch_error(exc) from None
+    finally:
+        if saved is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+    with np.load(out_path, allow_pickle=False) as data:
+        return {k: data[k] for k in data.files}
+
+
+class _Stopped(BaseException):
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by signal {signum}")
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _stopped_by_signals():
+    """SIGTERM, SIGINT or SIGHUP during a launch: unwind (the agent stops the ranks and the
+    caller's `finally` removes the run folder), then end as the signal would have ended us.
+
+    The elastic agent installs its own handlers while its ranks run (raising SignalException);
+    both are turned into the signal's own ending here. Only the main thread can set handlers.
+    """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {}
+    for name in _STOP_SIGNALS:
+        sig = getattr(signal, name)
+        previous[sig] = signal.getsignal(sig)
+        if previous[sig] not in (signal.SIG_IGN, None):
+            signal.signal(sig, _raise_stopped)
+    stopped = None
+    try:
+        yield
+    except _Stopped as exc:
+        stopped = exc.signum
+    except SignalException as exc:
+        stopped = int(exc.sigval)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+    if stopped is not None:
+        signal.raise_signal(stopped)  # the caller's handler, or the default ending
+        raise KeyboardInterrupt if stopped == signal.SIGINT else SystemExit(128 + stopped)
+
+
+def _raise_stopped(signum, frame):
+    raise _Stopped(signum)
+
+
+def sweep_run_dirs(parent: str | Path | None = None) -> list[Path]:
+    """Remove run folders of launchers that are gone (killed outright); returns them.
+
+    A folder whose recorded pid no longer runs is stale; one without a pid (an older dayzero)
+    once it is an hour old.
+    """
+    return sweep(Path(parent or tempfile.gettempdir()), _RUN_DIR, 3600)
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this rank when its launcher dies (Linux; elsewhere nothing):
+    a launcher killed outright must not leave ranks running until their collectives time out."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the launcher died before the request took effect
+        os._exit(1)
 
 
 def _launch_error(exc) -> DayzeroError:
-    """One message for the parent: the ranks that failed by themselves, and who was stopped.
+    """One message for the parent: the rank(s) that failed first, and the ones that followed.
 
-    When one rank fails the launcher stops the others with SIGTERM; those are consequences.
+    When one rank fails the launcher stops the others with SIGTERM, and peers of a dead rank
+    fail naming it a few seconds later: those are consequences. So the cause is a rank killed
+    by another signal (SIGKILL, a crash) if any — the launcher never sends those first —, else
+    the rank(s) that failed by themselves first (by the time in their error files).
     """
     failures = dict(exc.failures)
-    causes = {r: f for r, f in failures.items() if f.exitcode >= 0} or failures
-    stopped = sorted(set(failures) - set(causes))
+    causes = _first_failures(failures)
+    after = sorted(set(failures) - set(causes))
     lines = []
     for rank, failure in sorted(causes.items()):
-        text = str(failure.message or f"exited with code {failure.exitcode}").splitlines()[0]
-        lines.append(f"rank {rank} failed: {text.removeprefix(f'rank {rank}: ')}")
+        lines.append(f"rank {rank} {_what_happened(rank, failure)}")
+    stopped = [r for r in after if failures[r].exitcode == -signal.SIGTERM]
+    followed = [r for r in after if r not in stopped]
+    if followed:
+        lines.append(f"rank(s) {', '.join(map(str, followed))} failed after that")
     if stopped:
         lines.append(f"rank(s) {', '.join(map(str, stopped))} were stopped by the launcher")
-    first = min(causes) if causes else "?"
-    return DayzeroError("; ".join(lines), f"rank {first}",
-                        f"fix what rank {first} reports (its full error is above) and run again")
+    first = ", ".join(map(str, sorted(causes))) if causes else "?"
+    who = f"rank {first}" if len(causes) <= 1 else f"ranks {first}"
+    killed = all(f.exitcode < 0 for f in causes.values())
+    fix = (f"find out why {who} died (killed, out of memory, crashed) and run again" if killed
+           else f"fix what {who} reports (its full error is above) and run again")
+    return DayzeroError("; ".join(lines), who, fix)
+
+
+def _first_failures(failures: dict[int, Any]) -> dict[int, Any]:
+    killed = {r: f for r, f in failures.items()
+              if f.exitcode < 0 and -f.exitcode != signal.SIGTERM}
+    if killed:
+        return killed
+    own = {r: f for r, f in failures.items() if f.exitcode >= 0}
+    if not own:
+        return failures
+    times = {r: _failure_time(f) for r, f in own.items()}
+    start = min(times.values())
+    return {r: f for r, f in own.items() if times[r] - start < 1.0}
+
+
+def _failure_time(failure) -> float:
+    data = getattr(failure, "error_file_data", None)
+    if isinstance(data, dict) and isinstance(data.get("dayzero_time"), (int, float)):
+        return float(data["dayzero_time"])
+    return float(failure.timestamp)
+
+
+def _what_happened(rank: int, failure) -> str:
+    if failure.exitcode < 0:
+        try:
+            name = signal.Signals(-failure.exitcode).name
+        except ValueError:
+            name = f"signal {-failure.exitcode}"
+        return f"was killed by {name}"
+    text = str(failure.message or f"exited with code {failure.exitcode}").splitlines()[0]
+    return f"failed: {text.removeprefix(f'rank {rank}: ')}"
 
 
 @contextlib.contextmanager
@@ -302,6 +477,8 @@ class LaunchedModel:
         self.input_specs = specs_from_manifest(artifact.manifest, "inputs")
         self.output_specs = specs_from_manifest(artifact.manifest, "outputs")
         self.last_timing: dict[str, float] | None = None
+        self.index_ranges = read_index_inputs(artifact.manifest,
+                                              [s.name for s in self.input_specs])
 
     @property
     def path(self) -> Path:
@@ -315,8 +492,7 @@ class LaunchedModel:
         return f"LaunchedModel({str(self.path)!r}, {self.nproc} ranks)"
 
     def __call__(self, *inputs: Any) -> tuple[np.ndarray, ...]:
-        arrays = [np.ascontiguousarray(to_numpy(x)) for x in inputs]
-        validate_inputs(self.input_specs, arrays)
+        arrays, _ = prepare_inputs(self.input_specs, inputs, self.index_ranges)
         named = {s.name: a for s, a in zip(self.input_specs, arrays)}
         out = launch(self.path, self.nproc, named, timeout=self.timeout, verify=self.verify)
         # the output rank's time for the call itself, without process start-up and loading
@@ -333,14 +509,28 @@ def partitioned_world(path: str | Path) -> int:
     return world_size(read_manifest(Path(path)))
 
 
-def load_partitioned(path: str | Path, verify: str = "full"):
+def load_partitioned(path: str | Path, verify: str = "full", timeout: float | None = None):
     """`runtime.load` for a partitioned artifact: this rank's part inside a torch.distributed
     job (a launcher set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), else a model that launches
-    the ranks on this machine on each call."""
+    the ranks on this machine on each call. `timeout`: seconds a collective waits for its
+    peers (None: DEFAULT_TIMEOUT)."""
+    timeout = check_timeout(timeout)
     if all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
-        return RankModel(path, verify=verify)
+        return RankModel(path, verify=verify, timeout=timeout)
     # each rank hashes its own weight shards; the launching process reads sizes and headers
-    return LaunchedModel(open_artifact(path, verify="size"), verify=verify)
+    return LaunchedModel(open_artifact(path, verify="size"), verify=verify, timeout=timeout)
+
+
+def check_timeout(timeout: float | None) -> float:
+    """A collective timeout in seconds: a positive finite number (None: the default)."""
+    if timeout is None:
+        return DEFAULT_TIMEOUT
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+            or not 0 < timeout < float("inf"):
+        raise DayzeroError(f"timeout={timeout!r} is not a positive number of seconds",
+                           "runtime.load(timeout=...)", "give the seconds a collective may wait "
+                           f"for its peers, e.g. timeout=60 (default {DEFAULT_TIMEOUT:.0f})")
+    return float(timeout)
 
 
 if __name__ == "__main__":

@@ -15,8 +15,10 @@ from compiler.ir import DType
 
 from .artifact import Artifact, open_artifact
 from .convert import to_numpy
+from .graph_checks import check_artifact_graph
+from .index_inputs import read_index_inputs
 from .specs import TensorSpec, specs_from_manifest
-from .validate import validate_inputs
+from .validate import prepare_inputs
 
 
 class CompiledModel:
@@ -26,9 +28,14 @@ class CompiledModel:
         self.artifact = artifact
         self.input_specs: list[TensorSpec] = specs_from_manifest(artifact.manifest, "inputs")
         self.output_specs: list[TensorSpec] = specs_from_manifest(artifact.manifest, "outputs")
+        self.index_ranges = read_index_inputs(artifact.manifest,
+                                              [s.name for s in self.input_specs])
         self.backend = _backend_for(artifact)
         self._output_dtypes = [_numpy_dtype(spec.dtype) for spec in self.output_specs]
-        self._executable = _load_executable(self.backend, artifact, session)
+        view = _CheckedView(artifact, self)
+        if artifact.manifest.get("memory_plan") is not None:
+            view.check()  # the plan is checked against the graph whatever the backend reads
+        self._executable = _load_executable(self.backend, view, session)
 
     @property
     def path(self) -> Path:
@@ -51,9 +58,7 @@ class CompiledModel:
         return describe() if callable(describe) else None
 
     def __call__(self, *inputs: Any) -> tuple[np.ndarray, ...]:
-        # not np.ascontiguousarray: it turns a 0-d input into shape [1]
-        arrays = [np.asarray(to_numpy(x), order="C") for x in inputs]
-        validate_inputs(self.input_specs, arrays)
+        arrays, _ = prepare_inputs(self.input_specs, inputs, self.index_ranges)
         outputs = tuple(to_numpy(y) for y in self._executable(arrays))
         self._check_outputs(outputs)
         return outputs
@@ -69,8 +74,33 @@ class CompiledModel:
                                    f"'{spec.name}', which is {spec.dtype}")
 
 
+class _CheckedView:
+    """The artifact as its backend sees it: graph.dzir is parsed and checked (it verifies, the
+    specs and index ranges are its own, a memory plan is sound) before the backend first reads
+    it. Parsing a large graph takes seconds, so backends that never read it (onnxruntime runs
+    its ONNX payload) do not pay for it; they rely on the index ranges the manifest records.
+    """
+
+    def __init__(self, artifact: Artifact, model: CompiledModel):
+        self._artifact, self._model, self._checked = artifact, model, False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._artifact, name)
+
+    def check(self) -> None:
+        if not self._checked:
+            model = self._model
+            model.index_ranges = check_artifact_graph(self._artifact, model.input_specs,
+                                                      model.output_specs)
+            self._checked = True
+
+    def graph_text(self, *args: Any, **kwargs: Any) -> str:
+        self.check()
+        return self._artifact.graph_text(*args, **kwargs)
+
+
 def load(path: str | Path, verify: str = "full", *,
-         session: Mapping[str, Any] | None = None) -> CompiledModel:
+         session: Mapping[str, Any] | None = None, timeout: float | None = None):
     """Open, verify and load the artifact at `path`; runs no code stored in it.
 
     `verify="size"` skips hashing the weight files (their sizes and headers are still checked).
@@ -79,6 +109,9 @@ def load(path: str | Path, verify: str = "full", *,
     machine that runs the model (onnxruntime artifacts; other backends refuse it).
     A partitioned artifact (several ranks) gives a `runtime.distributed` model instead: this
     rank's part inside a torch.distributed job, else one that launches its ranks on each call.
+    `timeout` is then the seconds a collective waits for its peers (default 300), also inside
+    torchrun: it reaches the process group's initialisation. A single-rank artifact has no
+    collectives and ignores it.
     """
     from .distributed import load_partitioned, partitioned_world
 
@@ -87,7 +120,7 @@ def load(path: str | Path, verify: str = "full", *,
             raise DayzeroError("session settings cannot be overridden for a partitioned "
                                "artifact yet", str(path),
                                "compile with backend_options session settings instead")
-        return load_partitioned(path, verify=verify)
+        return load_partitioned(path, verify=verify, timeout=timeout)
     return CompiledModel(open_artifact(path, verify=verify), session=session)
 
 

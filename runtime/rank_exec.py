@@ -16,11 +16,12 @@ from typing import Any
 import numpy as np
 
 import backends
-from compiler.ir import DType, Graph, get_op, parse_ir, print_ir, symbolic
+from compiler.ir import DType, Graph, get_op, print_ir, symbolic
 
 from .artifact import Artifact
 from .comm import RankFailure
 from .convert import to_numpy
+from .graph_checks import parse_verified
 from .rank_files import segment_payload_dir
 from .segments import Step, split_steps
 
@@ -57,8 +58,8 @@ class RankExecutor:
 
     def __init__(self, artifact: Artifact, rank: int):
         self.rank = rank
-        self.graph = parse_ir(artifact.graph_text(rank),
-                              source=f"{artifact.root}/graphs/rank-{rank}.dzir")
+        self.graph = parse_verified(artifact.graph_text(rank),
+                                    f"{artifact.root}/graphs/rank-{rank}.dzir")
         backend = backends.get(artifact.backend)
         self.steps: list[Step] = split_steps(self.graph)
         self.loaded: dict[int, Any] = {}

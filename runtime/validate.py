@@ -1,25 +1,50 @@
 """Input validation: every input is checked against its spec before a backend sees it.
 
 Backends get inputs they can trust (count, dtype, rank, static sizes, symbol ranges, symbols that
-agree across inputs); the user gets an error naming the input, the dim and what was expected,
-instead of a shape error from deep inside a kernel.
+agree across inputs, native byte order, indices inside the tables they index); the user gets an
+error naming the input, the dim or value and what was expected, instead of a shape error from
+deep inside a kernel or a silently wrong result.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from compiler.errors import InputError
 from compiler.ir import DType
 
+from .convert import to_numpy
 from .dims import dim_symbols, eval_dim
+from .index_inputs import IndexRange
 from .specs import TensorSpec
 
 
-def validate_inputs(specs: Sequence[TensorSpec], arrays: Sequence[np.ndarray]) -> dict[str, int]:
-    """Raise InputError at the first input that breaks its spec; returns the symbol values."""
+def prepare_inputs(specs: Sequence[TensorSpec], inputs: Sequence[Any],
+                   index_ranges: Mapping[str, IndexRange] | None = None
+                   ) -> tuple[list[np.ndarray], dict[str, int]]:
+    """The inputs (numpy arrays or torch tensors) as C-ordered native-byte-order numpy arrays,
+    validated; returns them and the symbol values."""
+    # not np.ascontiguousarray: it turns a 0-d input into shape [1]
+    arrays = [native_byte_order(np.asarray(to_numpy(x), order="C")) for x in inputs]
+    return arrays, validate_inputs(specs, arrays, index_ranges)
+
+
+def native_byte_order(array: np.ndarray) -> np.ndarray:
+    """`array` in this machine's byte order: backends read the raw bytes (ONNX Runtime gave
+    silently wrong results for a big-endian float32 input); a copy only when it is not."""
+    if array.dtype.isnative:
+        return array
+    return array.astype(array.dtype.newbyteorder("="), order="C")
+
+
+def validate_inputs(specs: Sequence[TensorSpec], arrays: Sequence[np.ndarray],
+                    index_ranges: Mapping[str, IndexRange] | None = None) -> dict[str, int]:
+    """Raise InputError at the first input that breaks its spec; returns the symbol values.
+
+    `index_ranges` gives the inputs that index a weight table the values they may hold."""
     if len(arrays) != len(specs):
         names = ", ".join(s.name for s in specs)
         raise InputError(f"the model takes {len(specs)} input(s) ({names}), got {len(arrays)}",
@@ -35,6 +60,9 @@ def validate_inputs(specs: Sequence[TensorSpec], arrays: Sequence[np.ndarray]) -
         for axis, (dim, size) in enumerate(zip(spec.shape, array.shape)):
             if isinstance(dim, str) and dim not in spec.ranges:
                 _check_expression(spec, axis, dim, int(size), values)
+    for spec, array in zip(specs, arrays):
+        if index_ranges and spec.name in index_ranges:
+            _check_indices(index_ranges[spec.name], array)
     return values
 
 
@@ -91,6 +119,23 @@ def _check_expression(spec: TensorSpec, axis: int, dim: str, size: int,
         given = ", ".join(f"{s} = {values[s]}" for s in sorted(dim_symbols(dim)))
         raise InputError(f"{where} is {size} but {dim} = {expected} ({given})", where,
                          f"pass a tensor of shape {spec.type_str()}")
+
+
+def _check_indices(valid: IndexRange, array: np.ndarray) -> None:
+    if array.size == 0:
+        return
+    lo, hi = int(array.min()), int(array.max())
+    if valid.lo <= lo and hi < valid.hi:
+        return
+    bad = (array < valid.lo) | (array >= valid.hi)
+    position = tuple(int(i) for i in np.argwhere(bad)[0])
+    value = int(array[position])
+    where = f"input '{valid.input}' at position {list(position)}"
+    raise InputError(f"input '{valid.input}' holds {value} at position {list(position)}, "
+                     f"outside the valid range [{valid.lo}, {valid.hi - 1}] of the weight table "
+                     f"'{valid.table}' it indexes ({valid.op})", where,
+                     f"pass values in [{valid.lo}, {valid.hi - 1}] (for token ids: use the "
+                     "tokenizer the model was compiled with)")
 
 
 def _numpy_name(dtype: str) -> str:

@@ -65,6 +65,9 @@ class ArenaLayout:
         return layout
 
     def _check_slots(self, where: str) -> None:
+        if self.alignment < 1:
+            raise ArtifactError(f"memory plan alignment is {self.alignment}", where,
+                                "recompile the model")
         for name, (offset, size) in self.slots.items():
             if offset < 0 or size < 0 or offset + size > self.arena_bytes \
                     or offset % self.alignment:

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from compiler.errors import InputError
+from runtime.index_inputs import IndexRange
 from runtime.specs import TensorSpec
-from runtime.validate import validate_inputs
+from runtime.validate import prepare_inputs, validate_inputs
 
 IDS = TensorSpec("input_ids", "i64", (1, "s0"), {"s0": (2, 512)})
 MASK = TensorSpec("mask", "bool", (1, "s0"), {"s0": (2, 512)})
@@ -69,3 +70,32 @@ def test_unsupported_numpy_dtype_is_named():
     spec = TensorSpec("x", "f32", (2,), {})
     with pytest.raises(InputError, match="input 'x' has dtype complex64 but the model expects f32"):
         validate_inputs([spec], [np.zeros(2, np.complex64)])
+
+
+def test_big_endian_inputs_are_converted_to_native_byte_order():
+    spec = TensorSpec("x", "f32", (3,), {})
+    x = np.array([1.5, -2.0, 3.25], np.float32)
+    arrays, _ = prepare_inputs([spec], [x.astype(">f4")])
+    assert arrays[0].dtype.isnative and arrays[0].dtype == np.float32
+    np.testing.assert_array_equal(arrays[0], x)
+    assert prepare_inputs([spec], [x])[0][0] is x  # native input: no copy
+
+
+TABLE = {"input_ids": IndexRange("input_ids", 0, 256, "embed.weight", "embedding")}
+
+
+@pytest.mark.parametrize("value, position", [(256, 3), (-1, 0), (10**9, 5)])
+def test_index_outside_its_table_is_named(value, position):
+    x = ids(7)
+    x[0, position] = value
+    with pytest.raises(InputError) as info:
+        validate_inputs([IDS, MASK], [x, mask(7)], TABLE)
+    assert info.value.what == (f"input 'input_ids' holds {value} at position [0, {position}], "
+                               "outside the valid range [0, 255] of the weight table "
+                               "'embed.weight' it indexes (embedding)")
+    assert "[0, 255]" in info.value.fix
+
+
+def test_indices_inside_their_table_pass():
+    x = np.arange(7, dtype=np.int64)[None] * 42
+    assert validate_inputs([IDS, MASK], [x, mask(7)], TABLE) == {"s0": 7}
