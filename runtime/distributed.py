@@ -47,7 +47,7 @@ from .index_inputs import read_index_inputs
 from .npz_files import write_npz
 from .specs import TensorSpec, specs_from_manifest
 from .stale_dirs import sweep
-from .validate import prepare_inputs
+from .validate import check_output_shapes, prepare_inputs
 
 WORKER = "runtime.distributed"
 RUN_SECONDS = "__dayzero_run_seconds__"  # extra entry of the output rank's .npz
@@ -492,7 +492,7 @@ class LaunchedModel:
         return f"LaunchedModel({str(self.path)!r}, {self.nproc} ranks)"
 
     def __call__(self, *inputs: Any) -> tuple[np.ndarray, ...]:
-        arrays, _ = prepare_inputs(self.input_specs, inputs, self.index_ranges)
+        arrays, values = prepare_inputs(self.input_specs, inputs, self.index_ranges)
         named = {s.name: a for s, a in zip(self.input_specs, arrays)}
         out = launch(self.path, self.nproc, named, timeout=self.timeout, verify=self.verify)
         # the output rank's time for the call itself, without process start-up and loading
@@ -501,7 +501,9 @@ class LaunchedModel:
         missing = [s.name for s in self.output_specs if s.name not in out]
         if missing:
             raise ArtifactError(f"the ranks returned no {', '.join(missing)}", str(self.path))
-        return tuple(out[s.name] for s in self.output_specs)
+        outputs = tuple(out[s.name] for s in self.output_specs)
+        check_output_shapes(self.output_specs, outputs, values, f"the {self.nproc} ranks")
+        return outputs
 
 
 def partitioned_world(path: str | Path) -> int:

@@ -18,7 +18,7 @@ from .convert import to_numpy
 from .graph_checks import check_artifact_graph
 from .index_inputs import read_index_inputs
 from .specs import TensorSpec, specs_from_manifest
-from .validate import prepare_inputs
+from .validate import check_output_shapes, prepare_inputs
 
 
 class CompiledModel:
@@ -58,9 +58,10 @@ class CompiledModel:
         return describe() if callable(describe) else None
 
     def __call__(self, *inputs: Any) -> tuple[np.ndarray, ...]:
-        arrays, _ = prepare_inputs(self.input_specs, inputs, self.index_ranges)
+        arrays, values = prepare_inputs(self.input_specs, inputs, self.index_ranges)
         outputs = tuple(to_numpy(y) for y in self._executable(arrays))
         self._check_outputs(outputs)
+        check_output_shapes(self.output_specs, outputs, values, f"backend {self.backend.name}")
         return outputs
 
     def _check_outputs(self, outputs: tuple[np.ndarray, ...]) -> None:

@@ -144,3 +144,42 @@ def _numpy_name(dtype: str) -> str:
     except TypeError:
         return dtype
     return f"np.{name}" if hasattr(np, name) else f"ml_dtypes.{name}"
+
+
+class OutputShapeError(RuntimeError):
+    """A backend returned an output whose shape is not its IR type at these input sizes: a
+    lowering bug (never the user's input), raised rather than returned as a wrong result."""
+
+
+def check_output_shapes(specs: Sequence[TensorSpec], outputs: Sequence[np.ndarray],
+                        values: Mapping[str, int], producer: str) -> None:
+    """Every output's shape against its spec, with the symbols bound by the inputs. Cheap
+    (a few integer evaluations per call) and always on: a lowering that returned a (1, 0, 4)
+    tensor for f32[1, s0, 4] once went unnoticed."""
+    for spec, out in zip(specs, outputs):
+        expected = _expected_shape(spec, values)
+        got = tuple(int(d) for d in np.shape(out))
+        if len(got) != len(spec.shape) or any(
+                e is not None and e != g for e, g in zip(expected, got)):
+            shown = ", ".join("?" if e is None else str(e) for e in expected)
+            given = ", ".join(f"{k} = {v}" for k, v in sorted(values.items()))
+            raise OutputShapeError(
+                f"{producer} returned output '{spec.name}' of shape {list(got)}, but its type "
+                f"{spec.type_str()} is [{shown}] for these inputs ({given or 'no symbols'}): "
+                "a lowering bug; please report it with the artifact (the reference backend is "
+                "the golden model: recompile with --backend reference to compare)")
+
+
+def _expected_shape(spec: TensorSpec, values: Mapping[str, int]) -> list[int | None]:
+    """The spec's dims at these symbol values; None for a dim whose symbols no input binds."""
+    shape: list[int | None] = []
+    for dim in spec.shape:
+        if isinstance(dim, int):
+            shape.append(dim)
+        elif dim in values:
+            shape.append(values[dim])
+        elif dim_symbols(dim) <= set(values):
+            shape.append(eval_dim(dim, values))
+        else:
+            shape.append(None)
+    return shape

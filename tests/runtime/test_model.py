@@ -13,6 +13,7 @@ from compiler.errors import DayzeroError, InputError
 from compiler.ir import DType, Graph, TensorType, symbol
 from runtime import TensorSpec
 from runtime.artifact_writer import write_artifact
+from runtime.validate import OutputShapeError
 
 
 @pytest.fixture
@@ -92,3 +93,21 @@ def test_verify_size_mode_loads(tmp_path, make_mlp):
     assert m(np.zeros((2, 4), np.float32))[0].shape == (2, 3)
     with pytest.raises(ValueError, match="verify must be one of"):
         runtime.load(tmp_path / "m.dz", verify="none")
+
+
+@pytest.mark.parametrize("returned", [(0, 3), (5, 4), (5,), (5, 3, 1)])
+def test_an_output_of_the_wrong_shape_is_never_returned(mlp, returned):
+    """A lowering bug that returns the wrong shape (an empty (1, 0, 4) for f32[1, s0, 4] once)
+    is an error at the call, whatever the backend."""
+    _, m = mlp
+    m._executable = lambda arrays: [np.zeros(returned, np.float32)]
+    with pytest.raises(OutputShapeError) as info:
+        m(np.ones((5, 4), np.float32))
+    assert f"output 'y' of shape {list(returned)}" in str(info.value)
+    assert "f32[s0, 3] is [5, 3] for these inputs (s0 = 5)" in str(info.value)
+
+
+def test_outputs_of_the_right_shape_pass_the_check(mlp):
+    _, m = mlp
+    m._executable = lambda arrays: [np.zeros((arrays[0].shape[0], 3), np.float32)]
+    assert m(np.ones((7, 4), np.float32))[0].shape == (7, 3)
