@@ -147,10 +147,11 @@ class TritonBackend(Backend):
             files[f"fallback/{i}/graph.dzir"] = print_ir(sub).encode()
         return foreign
 
-    def load(self, artifact: ArtifactView, *,
-             session: Mapping[str, Any] | None = None) -> Executable:
+    def load(self, artifact: ArtifactView, *, session: Mapping[str, Any] | None = None,
+             cache_dir: str | os.PathLike | None = None) -> Executable:
         """`session` overrides the fallback segments' session settings (onnxruntime's threads
-        and spinning) for this run; the Triton kernels themselves have none."""
+        and spinning) for this run; the Triton kernels themselves have none. `cache_dir` is
+        the per-user folder the kernel module is written to (see `executable.cache_dir`)."""
         where = f"{artifact.root}/backend/{KERNELS_FILE}"
         graph = parse_ir(artifact.graph_text(), source=f"{artifact.root}/graph.dzir")
         try:
@@ -176,8 +177,9 @@ class TritonBackend(Backend):
                      for i, seg in enumerate(foreign)]
         memory = artifact.manifest.get("memory_plan") or {}
         slots = {b["value"]: (int(b["offset"]), int(b["size"])) for b in memory.get("buffers", [])}
-        return TritonExecutable(graph, artifact.weights("torch"), steps, import_kernels(source),
-                                target, fallbacks, slots, int(memory.get("arena_bytes", 0)))
+        module = import_kernels(source, cache_dir)
+        return TritonExecutable(graph, artifact.weights("torch"), steps, module, target,
+                                fallbacks, slots, int(memory.get("arena_bytes", 0)))
 
 
 class _SegmentView:

@@ -1,8 +1,9 @@
 """Running a plan: launch generated kernels, run host ops, keep intermediates in the arena.
 
-Kernels are imported from a module file written from the regenerated source (Triton's `jit`
-reads a function's source from its file, so the module must exist on disk); the file name is
-the source's sha256, so a file is only ever reused for exactly the source it was written for.
+Kernels are compiled from the regenerated source in memory and written to a per-user cache
+folder (`cache_dir`, 0700) as k_<sha256>.py, so tracebacks and Triton's `jit` (which reads a
+function's source through `inspect`) see a file; what runs is always the verified text, never
+what the file holds.
 With a memory plan (`memory_plan` in the manifest), every value the plan gives a buffer of its
 own lives in one arena allocated per run: kernels write their outputs straight into their slot,
 host-op results are copied into theirs (a view the plan did not expect, such as a permute, must
@@ -17,16 +18,18 @@ the matmul) writes into a scratch tensor first, since its tiles read operands ot
 
 from __future__ import annotations
 
-import importlib.util
+import linecache
 import os
+import stat
 import tempfile
+import types
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from compiler.errors import InputError
+from compiler.errors import DayzeroError, InputError
 from compiler.ir import Graph, get_op, symbolic
 from compiler.ir.ops.registry import META_ATTRS
 
@@ -37,19 +40,78 @@ from .plan import Step, sha256
 _MAX_BLOCK = 1024
 
 
-def import_kernels(source: str) -> Any:
-    """The module of `source`, written under the temp dir as <sha256>.py and imported."""
+CACHE_ENV = "DAYZERO_CACHE_DIR"
+
+
+def cache_dir(override: str | os.PathLike | None = None) -> Path:
+    """The per-user folder kernel modules are written to, created 0700 if missing.
+
+    `override` (the backend's `cache_dir` option), else `$DAYZERO_CACHE_DIR/triton`, else
+    `$XDG_CACHE_HOME/dayzero/triton`, else `~/.cache/dayzero/triton`. A shared, predictable folder
+    (the old `/tmp/dayzero_triton`) let another local user swap a kernel file between our check
+    and the import, so a folder that is not ours or that others may write to is refused.
+    """
+    if override:
+        folder = Path(override)
+    elif os.environ.get(CACHE_ENV):
+        folder = Path(os.environ[CACHE_ENV]) / "triton"
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+        folder = Path(base) / "dayzero" / "triton"
+    folder = folder.expanduser()
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = folder.stat()
+    except OSError as exc:
+        raise DayzeroError(f"cannot create the kernel cache folder: {exc}", str(folder),
+                           f"set {CACHE_ENV} to a folder you own") from None
+    if not stat.S_ISDIR(info.st_mode):
+        raise DayzeroError("the kernel cache path is not a folder", str(folder),
+                           f"remove it, or set {CACHE_ENV} to a folder you own")
+    if info.st_uid != os.getuid():
+        raise DayzeroError(f"the kernel cache folder belongs to user id {info.st_uid}, not to "
+                           f"this user ({os.getuid()}), who could then run code it puts there",
+                           str(folder), f"set {CACHE_ENV} to a folder you own")
+    if info.st_mode & 0o022:
+        raise DayzeroError(f"the kernel cache folder is writable by others (mode "
+                           f"{stat.S_IMODE(info.st_mode):o}), who could swap the kernels run "
+                           "from it", str(folder), f"chmod 700 {folder}")
+    return folder
+
+
+def import_kernels(source: str, cache: str | os.PathLike | None = None) -> Any:
+    """The module of `source`, written to the kernel cache (`cache_dir`) as k_<sha256>.py.
+
+    The module is compiled from `source` in memory, never from what the file holds: the file
+    exists because Triton's `jit` reads a kernel's source through `inspect`, which is served
+    from `linecache`, filled here with the same verified text. The file is rewritten atomically
+    whenever it differs, so a reader of the cache never sees a half-written module.
+    """
     digest = sha256(source)
-    folder = Path(tempfile.gettempdir()) / "dayzero_triton"
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = cache_dir(cache)
     path = folder / f"k_{digest}.py"
-    if not path.exists() or path.read_text() != source:
-        tmp = folder / f".{digest}.{os.getpid()}.tmp"
-        tmp.write_text(source)
-        os.replace(tmp, path)
-    spec = importlib.util.spec_from_file_location(f"dayzero_triton_k_{digest}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    data = source.encode()
+    try:
+        current = path.read_bytes() if path.is_file() else None
+    except OSError:
+        current = None
+    if current != data:
+        fd, tmp = tempfile.mkstemp(prefix=f".k_{digest}.", suffix=".tmp", dir=folder)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    filename = str(path)
+    code = compile(source, filename, "exec", dont_inherit=True)
+    name = f"dayzero_triton_k_{digest}"
+    module = types.ModuleType(name)
+    module.__file__ = filename
+    # mtime None: linecache never re-checks (or re-reads) the file for this entry
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(code, module.__dict__)
     return module
 
 
