@@ -7,23 +7,17 @@ result type disagrees with the op's shape rule. Nothing in the text is evaluated
 from __future__ import annotations
 
 import functools
-import json
 from pathlib import Path
 
 import sympy
-from lark import Lark, Token, Transformer, Tree, v_args
-from lark.exceptions import (
-    UnexpectedCharacters,
-    UnexpectedEOF,
-    UnexpectedInput,
-    UnexpectedToken,
-    VisitError,
-)
+from lark import Lark, Token, Tree
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
 from ..errors import IRParseError
 from . import symbolic
 from .dtypes import DTYPE_NAMES, DType
 from .graph import Graph, Node, Value
+from .literals import Evaluator, integer, position, string
 from .ops import ShapeError, get_op
 from .types import TensorType
 
@@ -34,77 +28,10 @@ def _lark() -> Lark:
     return Lark(grammar, parser="lalr", propagate_positions=True, maybe_placeholders=True)
 
 
-def _unquote(token: str) -> str:
+def _unquote(token: Token, source: str) -> str:
     body = token[1:]
-    return json.loads(body) if body.startswith('"') else body
-
-
-@v_args(inline=True)
-class _Literals(Transformer):
-    """Turns literal and size-expression subtrees into Python values and sympy expressions."""
-
-    def int(self, tok):
-        return int(tok)
-
-    def name(self, tok):
-        if tok in DTYPE_NAMES:
-            return DType(str(tok))
-        return symbolic.symbol(str(tok))
-
-    def call(self, fn, *args):
-        if fn not in symbolic.FUNCTIONS:
-            raise IRParseError(f"unknown size function '{fn}'",
-                               f"line {fn.line}, column {fn.column}",
-                               f"use one of {sorted(symbolic.FUNCTIONS)}")
-        return symbolic.FUNCTIONS[fn](*args)
-
-    def add(self, a, b):
-        return a + b
-
-    def sub(self, a, b):
-        return a - b
-
-    def mul(self, a, b):
-        return a * b
-
-    def truediv(self, a, b):
-        return sympy.sympify(a) / b
-
-    def pow(self, a, b):
-        return a ** b
-
-    def neg(self, a):
-        return -a
-
-    def float(self, tok):
-        return float(tok)
-
-    def neg_float(self, tok):
-        return -float(tok)
-
-    def string(self, tok):
-        return json.loads(tok)
-
-    def true(self):
-        return True
-
-    def false(self):
-        return False
-
-    def none(self):
-        return None
-
-    def list(self, *items):
-        return [] if items == (None,) else list(items)
-
-
-def _value(v):
-    """sympy results of constant expressions become ints; everything else stays as parsed."""
-    if isinstance(v, sympy.Basic):
-        return symbolic.normalize(v)
-    if isinstance(v, list):
-        return [_value(x) for x in v]
-    return v
+    return string(Token(token.type, body, line=token.line, column=token.column), source) \
+        if body.startswith('"') else body
 
 
 class _Builder:
@@ -112,26 +39,19 @@ class _Builder:
         self.graph = Graph()
         self.source = source
         self.values: dict[str, Value] = {}
-        self.literals = _Literals()
+        self.literals = Evaluator(source)
+        self.returned = False
 
     def where(self, meta) -> str:
         return f"{self.source}: line {meta.line}, column {meta.column}"
-
-    def literal(self, tree: Tree, meta):
-        """A literal's value; errors inside the transformer come out as IRParseErrors here."""
-        try:
-            return _value(self.literals.transform(tree))
-        except VisitError as exc:
-            orig = exc.orig_exc
-            if isinstance(orig, IRParseError):
-                raise IRParseError(orig.what, f"{self.source}: {orig.where}", orig.fix) from None
-            raise IRParseError(f"cannot evaluate size expression: {orig}",
-                               self.where(meta)) from None
 
     def check_attr_symbols(self, key: str, value, meta) -> None:
         """A bare name in an attribute is a dtype or a declared size symbol, nothing else."""
         items = value if isinstance(value, list) else [value]
         for item in items:
+            if isinstance(item, list):
+                self.check_attr_symbols(key, item, meta)
+                continue
             for name in symbolic.free_symbols(item) if isinstance(item, sympy.Basic) else ():
                 if name not in self.graph.symbols:
                     raise IRParseError(
@@ -148,19 +68,35 @@ class _Builder:
         dims = [] if dims == [None] else dims
         shape = []
         for d in dims:
-            dim = self.literal(d, tree.meta)
-            for name in symbolic.free_symbols(dim):
+            dim = self.literals.dim(d)
+            names = symbolic.free_symbols(dim)
+            for name in names:
                 if name not in self.graph.symbols:
                     raise IRParseError(f"size symbol '{name}' is not declared",
-                                       self.where(tree.meta), f"add 'symbol {name} in [lo, hi]'")
+                                       f"{self.source}: {position(d)}",
+                                       f"add 'symbol {name} in [lo, hi]'")
+            if names:
+                self.check_at_lower_bounds(dim, d)
             shape.append(dim)
         return TensorType(DType(str(dtype_tok)), tuple(shape))
+
+    def check_at_lower_bounds(self, dim, tree) -> None:
+        """A symbolic dim must not be negative where every symbol is at its lower bound."""
+        lows = {name: self.graph.symbols[name][0] for name in symbolic.free_symbols(dim)}
+        try:
+            value = symbolic.evaluate(dim, lows)
+        except (TypeError, ValueError, ZeroDivisionError):
+            return
+        if value < 0:
+            raise IRParseError(f"dim {dim} is {value} (negative) for {lows}",
+                               f"{self.source}: {position(tree)}",
+                               "raise the symbols' lower bounds or fix the expression")
 
     def ref(self, tree: Tree) -> Value | None:
         if tree.data == "absent":
             return None
         tok = tree.children[0]
-        name = _unquote(tok)
+        name = _unquote(tok, self.source)
         table = self.values if tree.data == "value_ref" else self.graph.weights
         if name not in table:
             kind = "value" if tree.data == "value_ref" else "weight"
@@ -170,7 +106,7 @@ class _Builder:
         return table[name]
 
     def define(self, tok: Token, type: TensorType, meta) -> Value:
-        name = _unquote(tok)
+        name = _unquote(tok, self.source)
         if name in self.values:
             raise IRParseError(f"value '{tok}' is defined twice", self.where(meta),
                                "give each result a new name")
@@ -178,16 +114,31 @@ class _Builder:
         self.values[name] = value
         return value
 
+    def symbol(self, stmt: Tree) -> None:
+        name, lo, hi = stmt.children
+        lower = integer(lo, self.source)
+        upper = None if hi.data == "unbounded" else integer(hi.children[0], self.source)
+        if str(name) in self.graph.symbols:
+            raise IRParseError(f"symbol {name} is declared twice", self.where(stmt.meta))
+        if str(name) in DTYPE_NAMES:
+            raise IRParseError(f"symbol {name} has the name of a dtype", self.where(stmt.meta),
+                               "name size symbols s0, s1, ...")
+        if upper is not None and lower > upper:
+            raise IRParseError(f"symbol {name} has the empty range [{lower}, {upper}]",
+                               self.where(stmt.meta), "write the range as [lo, hi] with lo <= hi")
+        self.graph.symbols[str(name)] = (lower, upper)
+
     def statement(self, stmt: Tree) -> None:
         kind, ch = stmt.data, stmt.children
+        if self.returned:
+            raise IRParseError(f"{kind.replace('_decl', '')} after `return`",
+                               self.where(stmt.meta), "`return` is the graph's last statement")
         if kind == "symbol_decl":
-            name, lo, hi = ch
-            upper = None if hi.data == "unbounded" else int(hi.children[0])
-            self.graph.symbols[str(name)] = (int(lo), upper)
+            self.symbol(stmt)
         elif kind == "input_decl":
             self.graph.inputs.append(self.define(ch[0], self.type(ch[1]), stmt.meta))
         elif kind == "weight_decl":
-            name = _unquote(ch[0])
+            name = _unquote(ch[0], self.source)
             if name in self.graph.weights:
                 raise IRParseError(f"weight '{ch[0]}' is declared twice", self.where(stmt.meta))
             self.graph.add_weight(name, self.type(ch[1]))
@@ -195,6 +146,7 @@ class _Builder:
             self.node(stmt)
         elif kind == "ret":
             self.graph.outputs = [self.ref(r) for r in ch if r is not None]
+            self.returned = True
 
     def node(self, stmt: Tree) -> None:
         results, op_tok, args, attrs, loc = stmt.children
@@ -209,26 +161,51 @@ class _Builder:
             if attr is None:
                 continue
             key, lit = attr.children
-            attr_values[str(key)] = self.literal(lit, attr.meta)
+            attr_values[str(key)] = self.literals.literal(lit)
             self.check_attr_symbols(str(key), attr_values[str(key)], attr.meta)
         declared = [self.type(r.children[1]) for r in results.children]
         try:
             opdef.check_arity(len(inputs))
             attr_values = opdef.complete_attrs(attr_values)
             inferred = opdef.infer([v.type if v is not None else None for v in inputs], attr_values)
+            mismatch = next(((got, want, r) for got, want, r in
+                             zip(declared, inferred, results.children)
+                             if not _same_type(got, want)), None)
         except ShapeError as exc:
             raise IRParseError(f"{op_tok}: {exc}", self.where(stmt.meta)) from None
-        for got, want, r in zip(declared, inferred, results.children):
-            if not _same_type(got, want):
-                raise IRParseError(f"result {r.children[0]} is declared {got} but {op_tok} "
-                                   f"gives {want}", self.where(r.meta), f"declare it as {want}")
+        except Exception as exc:  # noqa: BLE001 - a shape rule that fails on odd operands
+            what, fix = rule_failure(opdef, inputs, exc)
+            raise IRParseError(what, self.where(stmt.meta), fix) from None
+        for want in inferred:
+            bad = next((d for d in want.shape if not symbolic.is_size(d)), None)
+            if bad is not None:
+                raise IRParseError(f"{op_tok} gives a result of type {want}, whose dim {bad} is "
+                                   "not a size", self.where(stmt.meta),
+                                   "check the attributes (a step of 0, a negative size?)")
+        if mismatch is not None:
+            got, want, r = mismatch
+            raise IRParseError(f"result {r.children[0]} is declared {got} but {op_tok} "
+                               f"gives {want}", self.where(r.meta), f"declare it as {want}")
         if len(declared) != len(inferred):
             raise IRParseError(f"{op_tok} has {len(inferred)} results, {len(declared)} declared",
                                self.where(stmt.meta))
         outputs = [self.define(r.children[0], t, r.meta)
                    for r, t in zip(results.children, declared)]
-        where = json.loads(loc.children[0]) if loc is not None else None
+        where = string(loc.children[0], self.source) if loc is not None else None
         self.graph.nodes.append(Node(str(op_tok), inputs, attr_values, outputs, where))
+
+
+def rule_failure(opdef, inputs, exc: Exception) -> tuple[str, str]:
+    """(what, fix) for an op's shape rule that raised something other than a ShapeError: the
+    operands or attributes are outside what the rule handles (missing optional operands,
+    attributes of the wrong kind)."""
+    fixed = [p for p in opdef.inputs if not p.endswith("*")]
+    if len(inputs) < len(fixed):
+        return (f"{opdef.name} takes inputs ({', '.join(opdef.inputs)}), got {len(inputs)}",
+                "write `_` for an absent optional input")
+    return (f"{opdef.name}: its operands or attributes are not ones it accepts "
+            f"({type(exc).__name__}: {str(exc)[:200]})",
+            f"see docs/ops.md for what {opdef.name} takes")
 
 
 def _same_type(a: TensorType, b: TensorType) -> bool:
@@ -244,9 +221,14 @@ def parse_ir(text: str, source: str = "<dzir>") -> Graph:
         raise _syntax_error(exc, text, source) from None
     builder = _Builder(source)
     name_tok, *stmts = tree.children
-    builder.graph.name = json.loads(name_tok) if name_tok.type == "STRING" else str(name_tok)
+    builder.graph.name = string(name_tok, source) if name_tok.type == "STRING" else str(name_tok)
     for stmt in stmts:
         builder.statement(stmt)
+    if not builder.returned:
+        lines = text.split("\n")
+        raise IRParseError("the graph has no `return` statement",
+                           f"{source}: line {len(lines)}, column 1",
+                           "end the graph with `return` and its outputs (`return` alone for none)")
     return builder.graph
 
 
@@ -262,7 +244,8 @@ def _syntax_error(exc: UnexpectedInput, text: str, source: str) -> IRParseError:
         found, expected = "end of input", sorted(exc.expected)
     else:
         found, expected = "?", []
-    context = text.splitlines()[line - 1] if 0 < line <= len(text.splitlines()) else ""
+    lines = text.split("\n")  # lines as the lexer counts them (not at form feeds etc.)
+    context = lines[line - 1].rstrip("\r") if 0 < line <= len(lines) else ""
     pointer = f"\n    {context}\n    {' ' * max(column - 1, 0)}^" if context else ""
     names = ", ".join(_describe(e) for e in expected[:8])
     return IRParseError(f"syntax error: unexpected {found}{pointer}",

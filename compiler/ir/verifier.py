@@ -27,6 +27,12 @@ def verify(graph: Graph) -> None:
     """Raise VerificationError at the first broken invariant."""
     defined: set[int] = set()
     names: set[str] = set()
+    for name, bounds in graph.symbols.items():
+        ok = isinstance(bounds, (tuple, list)) and len(bounds) == 2 and type(bounds[0]) is int and (
+            bounds[1] is None or type(bounds[1]) is int)
+        if not ok or bounds[0] < 0 or (bounds[1] is not None and bounds[1] < bounds[0]):
+            _fail(graph, None, f"size symbol {name} has the range {bounds!r}",
+                  "a range is (lo, hi) with 0 <= lo <= hi, or (lo, None) for no upper bound")
 
     def define(value, node):
         if id(value) in defined or value.name in names:
@@ -61,6 +67,9 @@ def verify(graph: Graph) -> None:
 
 def _check_symbols(graph: Graph, node, shape) -> None:
     for dim in shape:
+        if not symbolic.is_size(dim):
+            _fail(graph, node, f"dim {dim} is not a size (an integer >= 0 or an integer-valued "
+                  "expression of size symbols)")
         missing = symbolic.free_symbols(dim) - set(graph.symbols)
         if missing:
             _fail(graph, node, f"size symbol(s) {sorted(missing)} are not declared in the graph")
@@ -75,6 +84,12 @@ def _check_node_types(graph: Graph, node: Node) -> None:
         inferred = opdef.infer([v.type if v is not None else None for v in node.inputs], node.attrs)
     except ShapeError as exc:
         _fail(graph, node, f"{node.op}: {exc}")
+    except VerificationError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a shape rule that fails on odd operands
+        _fail(graph, node, f"{node.op}: its shape rule fails on these operands and attributes "
+              f"({type(exc).__name__}: {str(exc)[:200]})", f"see docs/ops.md for what {node.op} "
+              "takes (an absent optional operand is None, not left out)")
     if len(inferred) != len(node.outputs):
         _fail(graph, node, f"{node.op} gives {len(inferred)} results, node has {len(node.outputs)}")
     for value, want in zip(node.outputs, inferred):

@@ -1,0 +1,234 @@
+"""Attribute literals and size expressions of .dzir text, evaluated within `limits`.
+
+The parser hands each literal's syntax tree here. Every node is checked before anything is
+computed: nesting depth and node count, integer literals' digits, and for each operation a
+bound on its result (constants are folded exactly and must stay below `MAX_INT`; an expression
+with size symbols carries its polynomial degree, which must stay below `MAX_DEGREE`, so power
+towers are refused). Only then are sympy expressions built, from parts known to be small.
+Errors are IRParseErrors at the offending token's line and column.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from fractions import Fraction
+from typing import Any, NamedTuple
+
+import sympy
+from lark import Token
+
+from ..errors import IRParseError
+from . import symbolic
+from .dtypes import DTYPE_NAMES, DType
+from .limits import (
+    MAX_DEGREE,
+    MAX_DEPTH,
+    MAX_EXPONENT,
+    MAX_INT,
+    MAX_INT_DIGITS,
+    MAX_NODES,
+    MAX_TERMS,
+)
+
+_ARITY = {"floor": (1, 1), "ceiling": (1, 1), "Mod": (2, 2), "Max": (1, 16), "Min": (1, 16)}
+
+
+def position(item) -> str:
+    """'line L, column C' of a token or a tree (its first token)."""
+    if isinstance(item, Token):
+        return f"line {item.line}, column {item.column}"
+    meta = getattr(item, "meta", None)
+    if meta is not None and not getattr(meta, "empty", True):
+        return f"line {meta.line}, column {meta.column}"
+    for child in getattr(item, "children", ()):
+        if child is not None:
+            return position(child)
+    return "line ?, column ?"
+
+
+def string(tok: Token, source: str) -> str:
+    """A JSON string token's text; bad escapes and raw control characters are parse errors."""
+    try:
+        value = json.loads(tok)
+    except ValueError as exc:
+        raise IRParseError(f"invalid string {str(tok)[:40]!r}: {exc.args[0].split(':')[0]}",
+                           f"{source}: {position(tok)}",
+                           "write control characters as JSON escapes (\\n, \\u0007)") from None
+    return value
+
+
+def integer(tok: Token, source: str) -> int:
+    """An INT token as an int, refused past MAX_INT_DIGITS digits or MAX_INT."""
+    if len(tok) > MAX_INT_DIGITS or int(tok) >= MAX_INT:
+        raise IRParseError(f"integer {str(tok)[:24]}{'...' if len(tok) > 24 else ''} is too "
+                           f"large (at most {MAX_INT - 1})", f"{source}: {position(tok)}")
+    return int(tok)
+
+
+class Evaluator:
+    """Turns literal trees into Python values and sympy size expressions, within bounds."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def fail(self, what: str, item, fix: str | None = None):
+        raise IRParseError(what, f"{self.source}: {position(item)}", fix)
+
+    # -- attribute literals ------------------------------------------------------------------
+
+    def literal(self, tree, depth: int = 0):
+        """An attribute value: list, string, bool, none, float, dtype or size expression."""
+        if depth > MAX_DEPTH:
+            self.fail(f"literal nested more than {MAX_DEPTH} deep", tree)
+        kind = tree.data
+        if kind == "list":
+            items = [c for c in tree.children if c is not None]
+            return [self.literal(c, depth + 1) for c in items]
+        if kind == "string":
+            return string(tree.children[0], self.source)
+        if kind in ("true", "false", "none"):
+            return {"true": True, "false": False, "none": None}[kind]
+        if kind in ("float", "neg_float"):
+            value = float(tree.children[0])
+            return -value if kind == "neg_float" else value
+        if kind == "name" and tree.children[0] in DTYPE_NAMES:
+            return DType(str(tree.children[0]))
+        return self.size(tree, depth)
+
+    def dim(self, tree) -> symbolic.Dim:
+        """A dim of a tensor type: a non-negative integer or an integer-valued expression."""
+        value = self.size(tree)
+        if isinstance(value, int):
+            if value < 0:
+                self.fail(f"dim {value} is negative", tree, "sizes are 0 or more")
+            return value
+        if not isinstance(value, sympy.Expr) or value.is_integer is not True:
+            self.fail(f"dim {value} is not an integer", tree,
+                      "use floor(a/b) or ceiling(a/b) for a division")
+        return value
+
+    # -- size expressions --------------------------------------------------------------------
+
+    def size(self, tree, depth: int = 0):
+        """An int or a sympy expression; Fractions that are not integers stay sympy Rationals."""
+        value = self._expr(tree, depth, [MAX_NODES]).value
+        if isinstance(value, Fraction):
+            return int(value) if value.denominator == 1 else sympy.Rational(
+                value.numerator, value.denominator)
+        return symbolic.normalize(value)
+
+    def _expr(self, tree, depth: int, budget: list[int]) -> _Part:
+        if depth > MAX_DEPTH:
+            self.fail(f"size expression nested more than {MAX_DEPTH} deep", tree)
+        budget[0] -= 1
+        if budget[0] < 0:
+            self.fail(f"size expression has more than {MAX_NODES} operations", tree)
+        kind, ch = tree.data, tree.children
+        if kind == "int":
+            return _Part(Fraction(integer(ch[0], self.source)), 0, 1)
+        if kind == "name":
+            if ch[0] in DTYPE_NAMES:
+                self.fail(f"'{ch[0]}' is a dtype, not a size", ch[0],
+                          "a size is an integer or an expression of size symbols")
+            return _Part(symbolic.symbol(str(ch[0])), 1, 1)
+        if kind == "call":
+            return self._call(tree, depth, budget)
+        if kind == "neg":
+            part = self._expr(ch[0], depth + 1, budget)
+            return part._replace(value=-part.value)
+        if kind not in ("add", "sub", "mul", "truediv", "pow"):
+            self.fail(f"a {kind.replace('_', ' ')} is not a size expression", tree)
+        a, b = (self._expr(c, depth + 1, budget) for c in ch)
+        if kind == "pow":
+            return self._pow(tree, a, b)
+        if kind == "truediv" and b.value == 0:
+            self.fail("cannot evaluate size expression: it divides by zero", tree)
+        x, y = a.value, b.value
+        if isinstance(x, Fraction) and isinstance(y, Fraction):
+            value = x + y if kind == "add" else x - y if kind == "sub" else \
+                x * y if kind == "mul" else x / y
+            return _Part(self._bounded(value, tree), 0, 1)
+        if kind in ("add", "sub"):
+            part = _Part(None, max(a.degree, b.degree), a.terms + b.terms)
+        else:
+            part = _Part(None, a.degree + b.degree, a.terms * b.terms)
+        self._check(part, tree)
+        x, y = _sympy(x), _sympy(y)
+        value = x + y if kind == "add" else x - y if kind == "sub" else \
+            x * y if kind == "mul" else x / y
+        return part._replace(value=value)
+
+    def _pow(self, tree, base: _Part, exponent: _Part) -> _Part:
+        e = exponent.value
+        if not isinstance(e, Fraction) or e.denominator != 1:
+            self.fail(f"power with exponent {e}: exponents must be integer constants", tree)
+        if e < 0:
+            self.fail(f"power with negative exponent {e}", tree,
+                      "sizes are integers; write a division as floor(a/b)")
+        e = int(e)
+        if isinstance(base.value, Fraction):
+            b = base.value
+            bits = max(abs(b.numerator).bit_length(), b.denominator.bit_length())
+            if b not in (0, 1, -1) and (bits - 1) * e >= 64:
+                self.fail(f"power {b}**{e} is too large (at most {MAX_INT - 1})", tree)
+            return _Part(self._bounded(b ** e, tree), 0, 1)
+        if e > MAX_EXPONENT:
+            self.fail(f"power of a size expression with exponent {e} (at most {MAX_EXPONENT})",
+                      tree)
+        # a sum of t terms to the e-th power expands to at most comb(t + e - 1, e) monomials
+        terms = math.comb(min(base.terms, MAX_TERMS + 1) + e - 1, e) if e else 1
+        part = _Part(None, base.degree * e, terms)
+        self._check(part, tree)
+        return part._replace(value=_sympy(base.value) ** e)
+
+    def _call(self, tree, depth: int, budget: list[int]) -> _Part:
+        fn, *args = tree.children
+        if fn not in symbolic.FUNCTIONS:
+            self.fail(f"unknown size function '{fn}'", fn,
+                      f"use one of {sorted(symbolic.FUNCTIONS)}")
+        lo, hi = _ARITY[str(fn)]
+        if not lo <= len(args) <= hi:
+            self.fail(f"{fn} takes {lo if lo == hi else f'{lo} to {hi}'} argument(s), "
+                      f"got {len(args)}", fn)
+        parts = [self._expr(a, depth + 1, budget) for a in args]
+        values = [p.value for p in parts]
+        if fn == "Mod" and values[1] == 0:
+            self.fail("cannot evaluate size expression: Mod by zero", tree)
+        if all(isinstance(v, Fraction) for v in values):
+            value = {"floor": lambda: Fraction(math.floor(values[0])),
+                     "ceiling": lambda: Fraction(math.ceil(values[0])),
+                     "Mod": lambda: values[0] % values[1],
+                     "Max": lambda: max(values), "Min": lambda: min(values)}[str(fn)]()
+            return _Part(self._bounded(value, tree), 0, 1)
+        part = _Part(None, max(p.degree for p in parts), sum(p.terms for p in parts))
+        self._check(part, tree)
+        return part._replace(value=symbolic.FUNCTIONS[fn](*(_sympy(v) for v in values)))
+
+    def _bounded(self, value: Fraction, tree) -> Fraction:
+        if abs(value.numerator) >= MAX_INT or value.denominator >= MAX_INT:
+            self.fail(f"size expression value is too large (at most {MAX_INT - 1})", tree)
+        return value
+
+    def _check(self, part: _Part, tree) -> None:
+        if part.degree > MAX_DEGREE:
+            self.fail(f"size expression has degree {part.degree} in its symbols (at most "
+                      f"{MAX_DEGREE}): powers of powers are not sizes", tree)
+        if part.terms > MAX_TERMS:
+            self.fail(f"size expression expands to more than {MAX_TERMS} terms", tree,
+                      "sizes are small expressions of a few symbols")
+
+
+class _Part(NamedTuple):
+    """A checked subexpression: its value (a Fraction when constant), polynomial degree in the
+    size symbols, and a bound on the number of terms it expands to."""
+
+    value: Any
+    degree: int
+    terms: int
+
+
+def _sympy(value):
+    if isinstance(value, Fraction):
+        return sympy.Rational(value.numerator, value.denominator)
+    return value
