@@ -31,6 +31,7 @@ import numpy as np
 
 from backends import WeightLocation
 from compiler.errors import ArtifactError
+from compiler.ir.limits import MAX_INT, MAX_INT_DIGITS
 
 from . import safetensors_io as st
 
@@ -183,10 +184,14 @@ def _read_manifest(root: Path) -> dict[str, Any]:
         raise ArtifactError(f"{root} has no {MANIFEST}", str(path),
                             "give the folder written by `dayzero compile`, or recompile")
     try:
-        manifest = json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ArtifactError(f"{MANIFEST} is not valid JSON ({exc})", str(path),
+        manifest = json.loads(path.read_text(), parse_int=_json_int, parse_constant=_json_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        what = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:200]
+        raise ArtifactError(f"{MANIFEST} is not valid JSON ({what})", str(path),
                             "the artifact is corrupted; recompile it") from None
+    if _depth(manifest) > MAX_JSON_DEPTH:
+        raise ArtifactError(f"{MANIFEST} is nested more than {MAX_JSON_DEPTH} deep", str(path),
+                            "the artifact is corrupted; recompile it")
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
         found = manifest.get("format") if isinstance(manifest, dict) else None
         raise ArtifactError(f"{root} is not a dayzero artifact (format {found!r})", str(path),
@@ -199,11 +204,43 @@ def _read_manifest(root: Path) -> dict[str, Any]:
             f"recompile the model with this dayzero, or load it with the dayzero that wrote it "
             f"(producer version {manifest.get('producer_version', 'unknown')})")
     _check_keys(manifest, path)
+    world = manifest["parallel"].get("world_size", 1)
+    if type(world) is not int or world < 1:
+        raise ArtifactError(f"{MANIFEST}: parallel.world_size is {world!r}, not a rank count",
+                            str(path), "the artifact is corrupted; recompile it")
     return manifest
+
+
+MAX_JSON_DEPTH = 64  # a manifest is a few levels deep; deeper is not one of ours
+
+
+def _json_int(digits: str) -> int:
+    """Integers in the manifest are sizes, offsets, ranks: refuse a 5000-digit one unparsed."""
+    if len(digits.lstrip("-")) > MAX_INT_DIGITS or abs(int(digits)) >= MAX_INT:
+        raise ValueError(f"integer {digits[:24]}... is too large (at most {MAX_INT - 1})")
+    return int(digits)
+
+
+def _json_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of decoded JSON, without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+    return deepest
 
 
 _KEY_TYPES = {"backend": str, "inputs": list, "outputs": list, "symbols": dict, "files": dict,
               "parallel": dict, "graph": str}
+_OPTIONAL_KEY_TYPES = {"backend_options": dict, "memory_plan": dict}
 
 
 def _check_keys(manifest: dict[str, Any], path: Path) -> None:
@@ -211,13 +248,19 @@ def _check_keys(manifest: dict[str, Any], path: Path) -> None:
         if not isinstance(manifest.get(key), kind):
             raise ArtifactError(f"{MANIFEST} has no valid '{key}' entry", str(path),
                                 "the artifact is corrupted; recompile it")
+    for key, kind in _OPTIONAL_KEY_TYPES.items():
+        if manifest.get(key) is not None and not isinstance(manifest[key], kind):
+            raise ArtifactError(f"{MANIFEST}: '{key}' is {type(manifest[key]).__name__}, not "
+                                f"{kind.__name__}", f"{path}: {key}",
+                                "the artifact is corrupted; recompile it")
 
 
 def _ranks(manifest: dict[str, Any]) -> list[dict[str, Any]]:
     ranks = manifest["parallel"].get("ranks")
     ok = isinstance(ranks, list) and ranks and all(
-        isinstance(r, dict) and isinstance(r.get("rank"), int) and isinstance(r.get("graph"), str)
-        and isinstance(r.get("weights"), list) for r in ranks)
+        isinstance(r, dict) and type(r.get("rank")) is int and isinstance(r.get("graph"), str)
+        and isinstance(r.get("weights"), list) and all(isinstance(f, str) for f in r["weights"])
+        for r in ranks)
     if not ok:
         raise ArtifactError(f"{MANIFEST} has no valid parallel.ranks entry", MANIFEST,
                             "the artifact is corrupted; recompile it")

@@ -35,10 +35,16 @@ class TensorSpec:
 
 def symbol_ranges(manifest: Mapping[str, Any]) -> dict[str, tuple[int, int | None]]:
     ranges = {}
-    for name, bounds in manifest.get("symbols", {}).items():
+    symbols = manifest.get("symbols", {})
+    if not isinstance(symbols, dict):
+        raise _bad(f"symbols is {type(symbols).__name__}, not an object", "symbols")
+    for name, bounds in symbols.items():
         if not (isinstance(bounds, list) and len(bounds) == 2 and type(bounds[0]) is int
                 and (bounds[1] is None or type(bounds[1]) is int)):
-            raise _bad(f"symbol {name} has range {bounds!r}")
+            raise _bad(f"symbol {name} has range {bounds!r}", f"symbols.{name}")
+        if bounds[0] < 0 or (bounds[1] is not None and bounds[1] < bounds[0]):
+            raise _bad(f"symbol {name} has the empty or negative range {bounds!r}",
+                       f"symbols.{name}")
         ranges[name] = (bounds[0], bounds[1])
     return ranges
 
@@ -46,27 +52,46 @@ def symbol_ranges(manifest: Mapping[str, Any]) -> dict[str, tuple[int, int | Non
 def specs_from_manifest(manifest: Mapping[str, Any], key: str) -> list[TensorSpec]:
     """TensorSpecs of manifest["inputs"] or manifest["outputs"], checked for well-formedness."""
     ranges = symbol_ranges(manifest)
+    entries = manifest.get(key)
+    if not isinstance(entries, list):
+        raise _bad(f"{key} is {type(entries).__name__}, not a list", key)
     specs = []
-    for entry in manifest[key]:
-        try:
-            name, dtype, shape = entry["name"], entry["dtype"], tuple(entry["shape"])
-        except (KeyError, TypeError):
-            raise _bad(f"{key} entry {entry!r} lacks name, dtype or shape") from None
-        if dtype not in DTYPE_NAMES or not isinstance(name, str):
-            raise _bad(f"{key} entry {entry!r} has an unknown dtype")
+    for i, entry in enumerate(entries):
+        field = f"{key}[{i}]"
+        if not isinstance(entry, dict) or not all(k in entry for k in ("name", "dtype", "shape")):
+            raise _bad(f"{key} entry {_short(entry)} lacks name, dtype or shape", field)
+        name, dtype, shape = entry["name"], entry["dtype"], entry["shape"]
+        if not isinstance(name, str):
+            raise _bad(f"{key} entry {_short(entry)} has a name that is not a string",
+                       f"{field}.name")
+        if not isinstance(dtype, str) or dtype not in DTYPE_NAMES:
+            raise _bad(f"{key} entry {_short(entry)} has an unknown dtype", f"{field}.dtype")
+        if not isinstance(shape, list):
+            raise _bad(f"{key} entry '{name}' has shape {_short(shape)}, not a list",
+                       f"{field}.shape")
         used: set[str] = set()
-        for dim in shape:
+        for axis, dim in enumerate(shape):
             if isinstance(dim, str):
-                used |= dim_symbols(dim)
+                try:
+                    used |= dim_symbols(dim)
+                except ArtifactError as exc:
+                    raise _bad(exc.what, f"{field}.shape[{axis}]") from None
             elif type(dim) is not int or dim < 0:
-                raise _bad(f"{key} entry '{name}' has dim {dim!r}")
+                raise _bad(f"{key} entry '{name}' has dim {_short(dim)}", f"{field}.shape[{axis}]")
         unknown = used - set(ranges)
         if unknown:
-            raise _bad(f"{key} entry '{name}' uses undeclared symbol(s) {sorted(unknown)}")
-        specs.append(TensorSpec(name, dtype, shape, {s: ranges[s] for s in sorted(used)}))
+            raise _bad(f"{key} entry '{name}' uses undeclared symbol(s) {sorted(unknown)}",
+                       f"{field}.shape")
+        specs.append(TensorSpec(name, dtype, tuple(shape),
+                                {s: ranges[s] for s in sorted(used)}))
     return specs
 
 
-def _bad(what: str) -> ArtifactError:
-    return ArtifactError(f"manifest.json: {what}", "manifest.json",
-                         "the artifact is corrupted; recompile it")
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _bad(what: str, field: str | None = None) -> ArtifactError:
+    where = f"manifest.json: {field}" if field else "manifest.json"
+    return ArtifactError(f"manifest.json: {what}", where, "the artifact is corrupted; recompile it")
