@@ -216,8 +216,8 @@ MAX_JSON_DEPTH = 64  # a manifest is a few levels deep; deeper is not one of our
 
 def _json_int(digits: str) -> int:
     """Integers in the manifest are sizes, offsets, ranks: refuse a 5000-digit one unparsed."""
-    if len(digits.lstrip("-")) > MAX_INT_DIGITS or abs(int(digits)) >= MAX_INT:
-        raise ValueError(f"integer {digits[:24]}... is too large (at most {MAX_INT - 1})")
+    if len(digits.lstrip("-")) > MAX_INT_DIGITS or abs(int(digits)) > MAX_INT:
+        raise ValueError(f"integer {digits[:24]}... is too large (at most 2**63)")
     return int(digits)
 
 

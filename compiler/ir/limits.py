@@ -7,7 +7,7 @@ Real graphs stay far inside them (sympy's printed dims are a few symbols, small 
 at most squares). Plain data, no imports: the runtime reads it without sympy.
 """
 
-MAX_INT = 2**63            # |integer| in a dim or attribute, and every intermediate constant
+MAX_INT = 2**63            # |integer| in a dim or attribute, every intermediate constant
 MAX_INT_DIGITS = 19        # digits of an integer literal (checked before int() is called)
 MAX_DEPTH = 32             # nesting of one literal or size expression
 MAX_NODES = 256            # operations in one size expression

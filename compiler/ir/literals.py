@@ -2,7 +2,7 @@
 
 The parser hands each literal's syntax tree here. Every node is checked before anything is
 computed: nesting depth and node count, integer literals' digits, and for each operation a
-bound on its result (constants are folded exactly and must stay below `MAX_INT`; an expression
+bound on its result (constants are folded exactly and must stay within `MAX_INT`; an expression
 with size symbols carries its polynomial degree, which must stay below `MAX_DEGREE`, so power
 towers are refused). Only then are sympy expressions built, from parts known to be small.
 Errors are IRParseErrors at the offending token's line and column.
@@ -59,10 +59,11 @@ def string(tok: Token, source: str) -> str:
 
 
 def integer(tok: Token, source: str) -> int:
-    """An INT token as an int, refused past MAX_INT_DIGITS digits or MAX_INT."""
-    if len(tok) > MAX_INT_DIGITS or int(tok) >= MAX_INT:
+    """An INT token as an int, refused past MAX_INT_DIGITS digits or MAX_INT (2**63 itself is
+    allowed: it is how the smallest int64, -9223372036854775808, is written)."""
+    if len(tok) > MAX_INT_DIGITS or int(tok) > MAX_INT:
         raise IRParseError(f"integer {str(tok)[:24]}{'...' if len(tok) > 24 else ''} is too "
-                           f"large (at most {MAX_INT - 1})", f"{source}: {position(tok)}")
+                           f"large (at most 2**63)", f"{source}: {position(tok)}")
     return int(tok)
 
 
@@ -171,7 +172,7 @@ class Evaluator:
             b = base.value
             bits = max(abs(b.numerator).bit_length(), b.denominator.bit_length())
             if b not in (0, 1, -1) and (bits - 1) * e >= 64:
-                self.fail(f"power {b}**{e} is too large (at most {MAX_INT - 1})", tree)
+                self.fail(f"power {b}**{e} is too large (at most 2**63)", tree)
             return _Part(self._bounded(b ** e, tree), 0, 1)
         if e > MAX_EXPONENT:
             self.fail(f"power of a size expression with exponent {e} (at most {MAX_EXPONENT})",
@@ -206,8 +207,8 @@ class Evaluator:
         return part._replace(value=symbolic.FUNCTIONS[fn](*(_sympy(v) for v in values)))
 
     def _bounded(self, value: Fraction, tree) -> Fraction:
-        if abs(value.numerator) >= MAX_INT or value.denominator >= MAX_INT:
-            self.fail(f"size expression value is too large (at most {MAX_INT - 1})", tree)
+        if abs(value.numerator) > MAX_INT or value.denominator > MAX_INT:
+            self.fail("size expression value is too large (at most 2**63)", tree)
         return value
 
     def _check(self, part: _Part, tree) -> None:

@@ -13,7 +13,7 @@ import pytest
 import sympy
 
 from compiler.errors import IRParseError, VerificationError
-from compiler.ir import DType, Graph, TensorType, parse_ir, symbol, verify
+from compiler.ir import DType, Graph, TensorType, parse_ir, print_ir, symbol, verify
 from compiler.ir.symbolic import equal
 
 S0 = symbol("s0")
@@ -111,6 +111,15 @@ def test_bad_nodes_are_parse_errors(body, line, what):
     err = _parse_error(_text(body))
     assert what in err.what, err.message()
     assert err.where.startswith(f"bad.dzir: line {line}, column"), err.where
+
+
+def test_the_smallest_int64_still_round_trips():
+    g = Graph("t")
+    g.outputs = [g.add_node("full", [], {"shape": [2], "value": -2**63, "dtype": DType.i64}).output]
+    text = print_ir(g)
+    assert parse_ir(text).nodes[0].attrs["value"] == -2**63
+    assert "too large" in _parse_error(text.replace("-9223372036854775808",
+                                                    "-9223372036854775809")).what
 
 
 def test_linear_without_its_bias_operand_names_the_op():
