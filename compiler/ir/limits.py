@@ -9,7 +9,7 @@ at most squares). Plain data, no imports: the runtime reads it without sympy.
 
 MAX_INT = 2**63            # |integer| in a dim or attribute, every intermediate constant
 MAX_INT_DIGITS = 19        # digits of an integer literal (checked before int() is called)
-MAX_DEPTH = 32             # nesting of one literal or size expression
+MAX_DEPTH = 64             # nesting of one literal or size expression
 MAX_NODES = 256            # operations in one size expression
 MAX_EXPONENT = 8           # exponent of a power whose base has a size symbol in it
 MAX_DEGREE = 16            # polynomial degree of a size expression (refuses power towers)
