@@ -175,11 +175,27 @@ class TritonBackend(Backend):
         extra = {"session": session} if session else {}
         fallbacks = [(seg, get(seg.backend).load(_SegmentView(artifact, f"fallback/{i}"), **extra))
                      for i, seg in enumerate(foreign)]
-        memory = artifact.manifest.get("memory_plan") or {}
-        slots = {b["value"]: (int(b["offset"]), int(b["size"])) for b in memory.get("buffers", [])}
+        slots, arena_bytes = _memory_slots(artifact)
         module = import_kernels(source, cache_dir)
         return TritonExecutable(graph, artifact.weights("torch"), steps, module, target,
-                                fallbacks, slots, int(memory.get("arena_bytes", 0)))
+                                fallbacks, slots, arena_bytes)
+
+
+def _memory_slots(artifact: ArtifactView) -> tuple[dict[str, tuple[int, int]], int]:
+    """value -> (offset, size) of the manifest's memory plan, and the arena's size."""
+    memory = artifact.manifest.get("memory_plan") or {}
+    try:
+        slots = {b["value"]: (int(b["offset"]), int(b["size"]))
+                 for b in memory.get("buffers", [])}
+        arena_bytes = int(memory.get("arena_bytes", 0))
+        if arena_bytes < 0 or any(o < 0 or n < 0 or o + n > arena_bytes
+                                  for o, n in slots.values()):
+            raise ValueError("a buffer lies outside the arena")
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise ArtifactError(f"the memory plan is malformed ({type(exc).__name__}: {exc})",
+                            f"{artifact.root}/manifest.json: memory_plan",
+                            "recompile the model") from None
+    return slots, arena_bytes
 
 
 class _SegmentView:

@@ -94,3 +94,23 @@ def test_runs_the_verified_text_even_if_the_file_is_swapped(env, monkeypatch):
     assert module.answer() == 1
     assert "VALUE" in inspect.getsource(module.answer)
     assert inspect.getsource(module) == SOURCE
+
+
+@pytest.mark.parametrize("plan", [
+    {"buffers": 1}, {"buffers": [1]}, {"buffers": [{"value": "a"}]},
+    {"buffers": [{"value": "a", "offset": "x", "size": 4}], "arena_bytes": 8},
+    {"buffers": [{"value": "a", "offset": 6, "size": 4}], "arena_bytes": 8},
+    {"buffers": [], "arena_bytes": [1]}, [1],
+])
+def test_a_malformed_memory_plan_is_an_artifact_error(plan):
+    from types import SimpleNamespace
+
+    from backends.triton import _memory_slots
+    from compiler.errors import ArtifactError
+
+    view = SimpleNamespace(root="m.dz", manifest={"memory_plan": plan})
+    with pytest.raises(ArtifactError, match="memory plan is malformed"):
+        _memory_slots(view)
+    good = {"buffers": [{"value": "a", "offset": 4, "size": 4}], "arena_bytes": 8}
+    assert _memory_slots(SimpleNamespace(root="m.dz", manifest={"memory_plan": good})) == (
+        {"a": (4, 4)}, 8)
