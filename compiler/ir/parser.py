@@ -81,16 +81,24 @@ class _Builder:
         return TensorType(DType(str(dtype_tok)), tuple(shape))
 
     def check_at_lower_bounds(self, dim, tree) -> None:
-        """A symbolic dim must not be negative where every symbol is at its lower bound."""
-        lows = {name: self.graph.symbols[name][0] for name in symbolic.free_symbols(dim)}
-        try:
-            value = symbolic.evaluate(dim, lows)
-        except (TypeError, ValueError, ZeroDivisionError):
-            return
-        if value < 0:
-            raise IRParseError(f"dim {dim} is {value} (negative) for {lows}",
+        """A symbolic dim must not be negative at both ends of its symbols' ranges (at the
+        lower end alone it may be: the frontend records 0 as a lower bound where torch's range
+        starts at 0, for a dim such as s0 - 1)."""
+        ranges = {name: self.graph.symbols[name] for name in symbolic.free_symbols(dim)}
+        ends = [{n: r[0] for n, r in ranges.items()}]
+        if all(r[1] is not None for r in ranges.values()):
+            ends.append({n: r[1] for n, r in ranges.items()})
+        values = []
+        for end in ends:
+            try:
+                values.append(symbolic.evaluate(dim, end))
+            except (TypeError, ValueError, ZeroDivisionError):
+                return
+        if len(values) == 2 and all(v < 0 for v in values):
+            raise IRParseError(f"dim {dim} is negative over its symbols' ranges "
+                               f"({values[0]} at {ends[0]}, {values[1]} at {ends[1]})",
                                f"{self.source}: {position(tree)}",
-                               "raise the symbols' lower bounds or fix the expression")
+                               "fix the expression or the symbols' ranges")
 
     def ref(self, tree: Tree) -> Value | None:
         if tree.data == "absent":
@@ -131,7 +139,8 @@ class _Builder:
     def statement(self, stmt: Tree) -> None:
         kind, ch = stmt.data, stmt.children
         if self.returned:
-            raise IRParseError(f"{kind.replace('_decl', '')} after `return`",
+            what = "a second `return`" if kind == "ret" else kind.replace("_decl", "")
+            raise IRParseError(f"{what} after `return`",
                                self.where(stmt.meta), "`return` is the graph's last statement")
         if kind == "symbol_decl":
             self.symbol(stmt)

@@ -58,7 +58,7 @@ BAD_DIMS = [
     ("2**-1", "negative exponent"),
     ("2**s0", "exponents must be integer constants"),
     ("-1", "negative"),
-    ("s0 - 9", "negative"),
+    ("s0 - 99", "negative over its symbols' ranges"),
     ("s0/2", "not an integer"),
     ("7/2", "not an integer"),
     ("1/0", "divides by zero"),
@@ -111,6 +111,14 @@ def test_bad_nodes_are_parse_errors(body, line, what):
     err = _parse_error(_text(body))
     assert what in err.what, err.message()
     assert err.where.startswith(f"bad.dzir: line {line}, column"), err.where
+
+
+def test_a_dim_negative_only_at_the_lower_bound_is_accepted():
+    """The frontend records torch's lower bound 0 (s0 - 1 is then -1 at it); refused is a dim
+    negative at both ends of the range."""
+    text = _text("  %y: f32[s0 - 1, 4] = slice(%x) {dim=0, start=1, end=s0, step=1}",
+                 "  symbol s0 in [0, 64]\n")
+    assert str(parse_ir(text).nodes[0].output.type) == "f32[s0 - 1, 4]"
 
 
 def test_the_smallest_int64_still_round_trips():
