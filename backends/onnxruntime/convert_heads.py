@@ -35,6 +35,12 @@ from .native_ops import DOMAIN as NATIVE_DOMAIN
 from .position_tables import precomputed_table
 
 MS = "com.microsoft"
+# What ai.dayzero.CausalAttention accepts: native/causal_attention.h's kMaxHeadSize, kMaxHeads
+# and kMaxSequence (a test checks they are equal). The fit check refuses the rest, so that a
+# node never compiles onto the kernel and then fails on every call.
+CAUSAL_MAX_HEAD_SIZE = 1024
+CAUSAL_MAX_HEADS = 1024
+CAUSAL_MAX_SEQUENCE = 1 << 24
 _MAX_DEPTH = 32
 # ops that keep every row of the last dim intact, so equal halves stay equal (given the other
 # operands either have equal halves too or broadcast along the last dim)
@@ -59,8 +65,16 @@ def _prompt_misfit(node: Node, kernel: str) -> str | None:
 
 def causal_fits(node: Node) -> str | None:
     """None when dayzero's CausalAttention kernel computes this node exactly, else why not."""
-    if node.inputs[0].dtype != DType.f32:
+    q = node.inputs[0]
+    if q.dtype != DType.f32:
         return "CausalAttention runs float32"
+    heads = node.attrs["num_heads"]
+    if heads > CAUSAL_MAX_HEADS:
+        return f"CausalAttention takes at most {CAUSAL_MAX_HEADS} heads"
+    if q.shape[-1] // heads > CAUSAL_MAX_HEAD_SIZE:
+        return f"CausalAttention takes head sizes up to {CAUSAL_MAX_HEAD_SIZE}"
+    if isinstance(q.shape[1], int) and q.shape[1] > CAUSAL_MAX_SEQUENCE:
+        return f"CausalAttention takes sequences up to {CAUSAL_MAX_SEQUENCE} tokens"
     return _prompt_misfit(node, "CausalAttention")
 
 
