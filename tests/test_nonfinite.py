@@ -17,6 +17,9 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton (no CUDA here)
 
+import json  # noqa: E402
+import warnings  # noqa: E402
+
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -25,16 +28,34 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 import compiler  # noqa: E402
 import runtime  # noqa: E402
+from backends.onnxruntime.fused import ContribFallbackWarning  # noqa: E402
 from tests.test_end_to_end import build  # noqa: E402
 
 BACKENDS = ["reference", "onnxruntime", "triton"]
+# The onnxruntime backend again, with dayzero's CausalAttention excluded (the attention block
+# then lowers to ORT's GroupQueryAttention), and with every fused kernel excluded (standard ops).
+ORT_VARIANTS = {
+    "onnxruntime-gqa": ["ai.dayzero.CausalAttention"],
+    "onnxruntime-standard": None,  # filled in by _options
+}
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
 
 def _backend(name: str):
     if name == "triton":
         pytest.importorskip("triton")
-    return name
+    return name.split("-")[0]
+
+
+def _options(name: str) -> dict:
+    if name not in ORT_VARIANTS:
+        return {}
+    excluded = ORT_VARIANTS[name]
+    if excluded is None:
+        from backends.onnxruntime.fused import VARIANTS
+
+        excluded = sorted({str(k) for vs in VARIANTS.values() for v in vs for k in v.requires})
+    return {"backend_options": {"onnxruntime": {"exclude_kernels": excluded}}}
 
 
 def eager(model, inputs) -> list[np.ndarray]:
@@ -58,9 +79,11 @@ def assert_like_eager(got, want) -> None:
         np.testing.assert_allclose(g[finite], w[finite], rtol=0, atol=bound)
 
 
-def compile_and_run(model, inputs, backend, tmp_path, dynamic=None, **options):
-    path = compiler.compile(model, inputs, out=tmp_path / "m.dz", backend=_backend(backend),
-                            dynamic_shapes=dynamic, **options)
+def compile_and_run(model, inputs, backend, tmp_path, dynamic=None):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ContribFallbackWarning)  # the excluded kernels
+        path = compiler.compile(model, inputs, out=tmp_path / "m.dz", backend=_backend(backend),
+                                dynamic_shapes=dynamic, **_options(backend))
     return runtime.load(path)(*inputs)
 
 
@@ -80,7 +103,7 @@ def _llama_with(where: str, value: float):
     return model, (ids,), dynamic
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BACKENDS + sorted(ORT_VARIANTS))
 @pytest.mark.parametrize("where, value", [
     ("lm_head", np.nan), ("lm_head", np.inf), ("lm_head", -np.inf),
     ("embedding", np.nan), ("embedding", np.inf), ("o_proj", np.nan),
@@ -92,19 +115,39 @@ def test_llama_with_a_nonfinite_weight(backend, where, value, tmp_path):
     assert_like_eager(compile_and_run(model, inputs, backend, tmp_path, dynamic), want)
 
 
-def test_llama_on_onnxruntime_uses_the_native_kernel(tmp_path):
-    """The Llama cases above exercise ai.dayzero.CausalAttention where it is built."""
-    import json
+def _variants(model, inputs, backend, tmp_path, dynamic=None) -> set[str]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ContribFallbackWarning)
+        path = compiler.compile(model, inputs, out=tmp_path / f"{backend}.dz",
+                                backend="onnxruntime", dynamic_shapes=dynamic, force=True,
+                                **_options(backend))
+    return set(json.loads((path / "backend" / "lowering.json").read_text())["variants"])
 
+
+@pytest.mark.parametrize("backend, kernel", [
+    ("onnxruntime", "ai.dayzero.CausalAttention"),
+    ("onnxruntime-gqa", "com.microsoft.GroupQueryAttention"),
+])
+def test_the_llama_cases_run_the_attention_kernel(backend, kernel, tmp_path):
+    """The Llama cases above exercise dayzero's kernel (where built) and ORT's GQA."""
     from backends.onnxruntime import native_ops
 
-    if native_ops.library() is None:
+    if kernel.startswith("ai.dayzero") and native_ops.library() is None:
         pytest.skip("the native library is not built")
     model, inputs, dynamic = _llama_with("lm_head", np.nan)
-    path = compiler.compile(model, inputs, out=tmp_path / "m.dz", backend="onnxruntime",
-                            dynamic_shapes=dynamic)
-    variants = json.loads((path / "backend" / "lowering.json").read_text())["variants"]
-    assert "ai.dayzero.CausalAttention" in variants
+    assert kernel in _variants(model, inputs, backend, tmp_path, dynamic)
+    assert not _variants(model, inputs, "onnxruntime-standard", tmp_path, dynamic)
+
+
+def test_the_block_runs_the_fused_kernels(tmp_path):
+    """The Block cases below exercise ORT's elementwise and norm contrib kernels."""
+    gen = torch.Generator().manual_seed(1)
+    inputs = tuple(torch.randn(2, 3, 16, generator=gen) for _ in "xr")
+    assert {"com.microsoft.FusedMatMul", "com.microsoft.Gelu", "com.microsoft.FastGelu",
+            "com.microsoft.QuickGelu", "com.microsoft.SkipLayerNormalization"} <= \
+        _variants(Block().eval(), inputs, "onnxruntime", tmp_path)
+    assert "com.microsoft.MultiHeadAttention" in _variants(
+        Attention(True), tuple(_attention_inputs()), "onnxruntime", tmp_path)
 
 
 # --- small graphs with float inputs -------------------------------------------------------------
@@ -131,8 +174,8 @@ class Block(nn.Module):
         self.norm = nn.LayerNorm(16)
 
     def forward(self, x, r):
-        h = nn.functional.gelu(self.a(x)) + nn.functional.gelu(x, approximate="tanh")
-        h = nn.functional.silu(self.b(h))
+        h = self.a(x) * nn.functional.gelu(x + r) + nn.functional.gelu(x - r, approximate="tanh")
+        h = self.b(h) * nn.functional.silu(x * r)
         return self.norm(h + r)
 
 
@@ -141,7 +184,7 @@ def _attention_inputs(seq: int = 7):
     return [torch.randn(2, 4, seq, 8, generator=gen) for _ in "qkv"]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BACKENDS + ["onnxruntime-standard"])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("tensor, index, value", [
     (0, (1, 2, 3, 5), np.nan),     # q: one row of one head
@@ -158,7 +201,7 @@ def test_attention_with_a_nonfinite_input(backend, causal, tensor, index, value,
     assert_like_eager(compile_and_run(model, tuple(inputs), backend, tmp_path), want)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BACKENDS + ["onnxruntime-standard"])
 @pytest.mark.parametrize("tensor, index, value", [
     (0, (0, 1, 3), np.nan), (0, (1, 0, 2), np.inf), (0, (0, 2, 0), -np.inf),
     (1, (1, 2, 7), np.nan), (1, (0, 0, 4), -np.inf),
