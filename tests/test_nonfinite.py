@@ -100,6 +100,9 @@ def _llama_with(where: str, value: float):
             llama.model.embed_tokens.weight[99, 11] = value
         elif where == "o_proj":  # one output channel of layer 1's attention projection
             llama.model.layers[1].self_attn.o_proj.weight[3, 5] = value
+        elif where in ("q_proj", "k_proj"):  # one channel of every token's q (or k) in layer
+            # 0: NaN scores in one head (or KV group), which an attention kernel must not drop
+            getattr(llama.model.layers[0].self_attn, where).weight[20, 7] = value
     return model, (ids,), dynamic
 
 
@@ -107,6 +110,7 @@ def _llama_with(where: str, value: float):
 @pytest.mark.parametrize("where, value", [
     ("lm_head", np.nan), ("lm_head", np.inf), ("lm_head", -np.inf),
     ("embedding", np.nan), ("embedding", np.inf), ("o_proj", np.nan),
+    ("q_proj", np.nan), ("k_proj", np.nan), ("k_proj", np.inf),
 ])
 def test_llama_with_a_nonfinite_weight(backend, where, value, tmp_path):
     model, inputs, dynamic = _llama_with(where, value)
