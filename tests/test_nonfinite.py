@@ -228,3 +228,54 @@ def test_mlp_example_with_nan_and_inf_inputs(backend, tmp_path):
     want = eager(model, (x,))
     assert np.isnan(want[0][1]).all() and np.isfinite(want[0][0]).all()
     assert_like_eager(compile_and_run(model, (x,), backend, tmp_path, dynamic), want)
+
+
+# --- each fused ONNX Runtime kernel as a small IR graph, against the reference interpreter -----
+
+CONTRIB_CASES = {  # case in tests/backends/onnxruntime_cases.py -> the variant it lowers to
+    "linear": "com.microsoft.FusedMatMul",
+    "gelu": "com.microsoft.Gelu",
+    "gelu_tanh": "com.microsoft.FastGelu",
+    "silu": "com.microsoft.QuickGelu",
+    "add_rms_norm": "com.microsoft.SkipSimplifiedLayerNormalization",
+    "add_layer_norm": "com.microsoft.SkipLayerNormalization",
+    "quantized_linear_int4": "com.microsoft.MatMulNBits",
+    "quantized_linear_int8": "com.microsoft.MatMulNBits",
+    "sdpa_float_mask": "com.microsoft.MultiHeadAttention",
+    "multi_head_attention_padding": "com.microsoft.MultiHeadAttention",
+    "multi_head_attention_plain_gqa": "ai.dayzero.CausalAttention",
+    "multi_head_attention_gqa": "ai.dayzero.CausalAttention",
+}
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("name", sorted(CONTRIB_CASES))
+def test_each_fused_ort_kernel_with_a_nonfinite_input(name, value, tmp_path):
+    """A NaN or Inf in each float input the kernel reads (q and v for attention: a non-finite
+    key after a row is masked out by the causal kernels and added by MultiHeadAttention, see
+    docs/backends.md), at one position; the outputs against the reference interpreter."""
+    from backends.onnxruntime import native_ops
+    from backends.reference.interpreter import run_graph
+    from tests.backends.onnxruntime_cases import CASES
+    from tests.backends.onnxruntime_util import compile_graph, load
+    from tests.backends.test_onnxruntime_ops import build as build_graph
+    from tests.backends.test_onnxruntime_ops import inputs_for
+
+    if CONTRIB_CASES[name].startswith("ai.dayzero") and native_ops.library() is None:
+        pytest.skip("the native library is not built")
+    case = CASES[name]
+    g = build_graph(case)
+    path = compile_graph(g, tmp_path / "m.dz")
+    variants = json.loads((path / "backend" / "lowering.json").read_text())["variants"]
+    assert CONTRIB_CASES[name] in variants
+    run = load(path)
+    base = inputs_for(g, case, 9, 0)
+    targets = [i for i, v in enumerate(g.inputs)
+               if v.type.dtype.is_float and v.name not in ("k", "f", "m")]
+    assert targets
+    for i in targets:
+        x = [a.copy() for a in base]
+        x[i].reshape(-1)[x[i].size // 3] = value
+        want = [w.numpy() for w in run_graph(g, g.weight_data, [torch.from_numpy(a) for a in x])]
+        assert not all(np.isfinite(w).all() for w in want)
+        assert_like_eager(run(x), want)
