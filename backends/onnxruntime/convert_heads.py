@@ -52,6 +52,8 @@ def _prompt_misfit(node: Node, kernel: str) -> str | None:
     """None when `node` is a causal prompt without past or extra mask whose rotary tables (if
     any) can be cut to a half cache: what GQA and CausalAttention both compute."""
     q, k, _, cos, sin, mask = node.inputs
+    if node.attrs["scale"] == 0:
+        return f"{kernel} reads scale 0 as 1 / sqrt(head_size)"
     if not node.attrs["is_causal"] or mask is not None:
         return f"{kernel} is causal attention without an extra mask"
     if not equal(q.shape[1], k.shape[1]):
@@ -223,6 +225,8 @@ def _half_cache(b: Builder, value: Value, table: str, seq, size: int) -> str:
 def mha_fits(node: Node) -> str | None:
     """None when MultiHeadAttention on [b, s, h * d] computes this node exactly, else why not."""
     q, k, _, cos, _, mask = node.inputs
+    if node.attrs["scale"] == 0:
+        return "MultiHeadAttention reads scale 0 as 1 / sqrt(head_size)"
     if cos is not None:
         return "rotary runs inside GroupQueryAttention only"
     if q.dtype != DType.f32:

@@ -394,3 +394,21 @@ def test_the_fit_check_refuses_what_the_kernel_refuses():
     assert convert_heads.causal_fits(node(1024)) is None
     assert convert_heads.causal_fits(node(1040)) == "CausalAttention takes head sizes up to 1024"
     assert convert_heads.gqa_fits(node(1040)) is None
+
+
+def test_an_explicit_scale_of_zero_is_not_read_as_the_default():
+    """The attention kernels (CausalAttention, GQA, MHA) read scale 0 as 1 / sqrt(head_size);
+    a node with scale 0 (uniform weights in eager) fits none of them."""
+    from backends.onnxruntime import convert_attention, convert_heads
+    from compiler.ir import Graph
+    from tests.backends.onnxruntime_cases import CASES as GRAPHS
+
+    for name, fits in [("multi_head_attention_plain_gqa", convert_heads.causal_fits),
+                       ("multi_head_attention_plain_gqa", convert_heads.gqa_fits),
+                       ("multi_head_attention_bool_mask", convert_heads.mha_fits),
+                       ("sdpa", convert_attention.mha_fits)]:
+        g = Graph("scale")
+        (out,) = GRAPHS[name].build(g)
+        assert fits(out.producer) is None, name
+        out.producer.attrs["scale"] = 0.0
+        assert "scale 0" in fits(out.producer), name
