@@ -104,6 +104,8 @@ def mha_fits(node: Node) -> str | None:
         return "key heads differ from query heads without enable_gqa"
     if node.attrs["is_causal"] and node.inputs[3] is not None:
         return "both a mask and is_causal"
+    if node.attrs["scale"] == 0:
+        return "MultiHeadAttention reads scale 0 as 1 / sqrt(head_size)"
     if node.attrs["is_causal"] and not equal(q.shape[2], k.shape[2]):
         return "is_causal with query and key lengths that may differ (ORT aligns them bottom-right)"
     mask = node.inputs[3]

@@ -35,6 +35,12 @@ from .native_ops import DOMAIN as NATIVE_DOMAIN
 from .position_tables import precomputed_table
 
 MS = "com.microsoft"
+# What ai.dayzero.CausalAttention accepts: native/causal_attention.h's kMaxHeadSize, kMaxHeads
+# and kMaxSequence (a test checks they are equal). The fit check refuses the rest, so that a
+# node never compiles onto the kernel and then fails on every call.
+CAUSAL_MAX_HEAD_SIZE = 1024
+CAUSAL_MAX_HEADS = 1024
+CAUSAL_MAX_SEQUENCE = 1 << 24
 _MAX_DEPTH = 32
 # ops that keep every row of the last dim intact, so equal halves stay equal (given the other
 # operands either have equal halves too or broadcast along the last dim)
@@ -46,6 +52,8 @@ def _prompt_misfit(node: Node, kernel: str) -> str | None:
     """None when `node` is a causal prompt without past or extra mask whose rotary tables (if
     any) can be cut to a half cache: what GQA and CausalAttention both compute."""
     q, k, _, cos, sin, mask = node.inputs
+    if node.attrs["scale"] == 0:
+        return f"{kernel} reads scale 0 as 1 / sqrt(head_size)"
     if not node.attrs["is_causal"] or mask is not None:
         return f"{kernel} is causal attention without an extra mask"
     if not equal(q.shape[1], k.shape[1]):
@@ -59,8 +67,16 @@ def _prompt_misfit(node: Node, kernel: str) -> str | None:
 
 def causal_fits(node: Node) -> str | None:
     """None when dayzero's CausalAttention kernel computes this node exactly, else why not."""
-    if node.inputs[0].dtype != DType.f32:
+    q = node.inputs[0]
+    if q.dtype != DType.f32:
         return "CausalAttention runs float32"
+    heads = node.attrs["num_heads"]
+    if heads > CAUSAL_MAX_HEADS:
+        return f"CausalAttention takes at most {CAUSAL_MAX_HEADS} heads"
+    if q.shape[-1] // heads > CAUSAL_MAX_HEAD_SIZE:
+        return f"CausalAttention takes head sizes up to {CAUSAL_MAX_HEAD_SIZE}"
+    if isinstance(q.shape[1], int) and q.shape[1] > CAUSAL_MAX_SEQUENCE:
+        return f"CausalAttention takes sequences up to {CAUSAL_MAX_SEQUENCE} tokens"
     return _prompt_misfit(node, "CausalAttention")
 
 
@@ -209,6 +225,8 @@ def _half_cache(b: Builder, value: Value, table: str, seq, size: int) -> str:
 def mha_fits(node: Node) -> str | None:
     """None when MultiHeadAttention on [b, s, h * d] computes this node exactly, else why not."""
     q, k, _, cos, _, mask = node.inputs
+    if node.attrs["scale"] == 0:
+        return "MultiHeadAttention reads scale 0 as 1 / sqrt(head_size)"
     if cos is not None:
         return "rotary runs inside GroupQueryAttention only"
     if q.dtype != DType.f32:

@@ -56,7 +56,10 @@ def _attention(Q, K, V, M, Out, sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh
             else:
                 s = s + mv.to(tl.float32)
         s = tl.where(valid, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        # NaN wins the running max, as in softmax: max and maximum may drop a NaN operand
+        # (on GPUs), so a row that has seen a NaN score is made NaN explicitly
+        row_nan = (m_i != m_i) | (tl.max(tl.where(s != s, 1, 0), axis=1) > 0)
+        m_new = tl.where(row_nan, float("nan"), tl.maximum(m_i, tl.max(s, axis=1)))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp(m_i - m_safe)
         p = tl.exp(s - m_safe[:, None])
@@ -65,8 +68,9 @@ def _attention(Q, K, V, M, Out, sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh
                     mask=kv_mask, other=0.0).to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
         m_i = m_new
-    # a row with every key masked out is 0, as torch returns it; rows past LQ are not stored
-    out = tl.where(l_i[:, None] > 0, acc / tl.where(l_i > 0, l_i, 1.0)[:, None], 0.0)
+    # a row with every key masked out (l_i exactly 0) is 0, as torch returns it; a NaN row stays
+    # NaN (l_i > 0 is false for NaN too); rows past LQ are not stored
+    out = tl.where(l_i[:, None] != 0, acc / tl.where(l_i != 0, l_i, 1.0)[:, None], 0.0)
     tl.store(Out + b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :] * sod,
              out.to(Out.dtype.element_ty), mask=mm[:, None] & md[None, :])
 

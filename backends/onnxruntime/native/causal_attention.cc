@@ -9,12 +9,19 @@
 // and scales its query rows, scores them against keys [0, end of block) with the future masked,
 // takes each row's softmax and multiplies by v. The scratch is the packed k and v (shared) and,
 // per thread, one block's q, scores and output.
+//
+// Non-finite numbers: every max keeps NaN (a NaN score makes its row NaN, as softmax does), the
+// exp keeps NaN, and the rows before a non-finite v value, which mask it and never read it here,
+// are set to NaN afterwards in the channels it is in, as the dense product's 0 * Inf does.
 #include "causal_attention.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
+#include <new>
 #include <vector>
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -30,14 +37,45 @@ namespace {
 
 constexpr int64_t kBlock = 16;     // query rows per block, and the key padding
 constexpr int64_t kKeyRun = 128;   // v rows (kKeyRun x head_size floats) reused from L1
-constexpr int64_t kMaxHeadSize = 1024;
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 int64_t RoundUp(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+std::atomic<int64_t> retained_bytes{0};
+
+// A buffer a thread keeps between calls, so that steady-state calls allocate nothing; Trim
+// releases it when it grew past kKeepScratchBytes, so that one long prompt does not pin its
+// memory for the life of the thread.
+class KeptBuffer {
+ public:
+  ~KeptBuffer() { Release(); }
+  float* Get(size_t floats) {  // may throw std::bad_alloc
+    const size_t before = data_.capacity();
+    data_.resize(floats);
+    retained_bytes += static_cast<int64_t>((data_.capacity() - before) * sizeof(float));
+    return data_.data();
+  }
+  void Trim() {
+    if (static_cast<int64_t>(data_.capacity() * sizeof(float)) > kKeepScratchBytes) Release();
+  }
+
+ private:
+  void Release() {
+    retained_bytes -= static_cast<int64_t>(data_.capacity() * sizeof(float));
+    std::vector<float>().swap(data_);
+  }
+  std::vector<float> data_;
+};
 
 // Per-thread buffers of one query block: rotated q (kBlock x head_size), scores then
 // probabilities (kBlock x padded), output before the softmax's 1 / sum (kBlock x head_size).
 struct Scratch {
-  std::vector<float> q, scores, acc;
+  KeptBuffer q, scores, acc;
+};
+
+// Pointers into a thread's Scratch, sized for one block of this problem.
+struct BlockScratch {
+  float *q, *scores, *acc;
 };
 
 struct Shared {
@@ -45,7 +83,10 @@ struct Shared {
   int64_t padded;  // seq rounded up to kBlock
   float* kt;       // rotated k: [batch, kv_heads, padded / 16, head_size, 16]
   float* v;        // v: [batch, kv_heads, padded, head_size]
+  // [batch, kv_heads, padded / kBlock]: whether that block of v rows holds a NaN or Inf
+  uint8_t* v_nonfinite;
   bool vectorized;
+  std::atomic<bool> failed{false};  // a task ran out of memory; the others skip their work
 };
 
 // One head of one token, rotated (when there are tables) and scaled, into contiguous `dst`.
@@ -84,17 +125,41 @@ void PackKeysAndValues(void* data, size_t index) {
   for (int64_t g = 0; g < p.kv_heads; ++g) {
     float* kt = k.kt + (b * p.kv_heads + g) * size * k.padded;
     float* v = k.v + (b * p.kv_heads + g) * k.padded * size;
+    bool nonfinite = false;
     for (int64_t t = first; t < first + kBlock; ++t) {
       if (t < p.seq) {
         RotateHead(p, p.k.data + b * p.k.batch_stride + t * p.k.token_stride + g * size, t,
                    1.0f, rotated);
         const float* src = p.v.data + b * p.v.batch_stride + t * p.v.token_stride + g * size;
         std::copy(src, src + size, v + t * size);
+        // x - x is 0 for finite x and NaN for NaN and Inf: one test per row, no branch per value
+        float probe = 0.0f;
+        for (int64_t d = 0; d < size; ++d) probe += src[d] - src[d];
+        nonfinite |= probe != 0.0f;
       } else {  // padding: keys that every row masks (their values are never read)
         std::fill(rotated, rotated + size, 0.0f);
       }
       for (int64_t d = 0; d < size; ++d) kt[KeyIndex(t, d, size)] = rotated[d];
     }
+    k.v_nonfinite[(b * p.kv_heads + g) * blocks + first / kBlock] = nonfinite;
+  }
+}
+
+// The dense product weighs every v row, the masked ones by exactly 0, and 0 * Inf and 0 * NaN
+// are NaN: so output row i is NaN in channel d when v holds a non-finite value in channel d at a
+// token after i. The blocks skip those tokens; this puts the NaN where the math has it.
+void PoisonMaskedNonFinite(const Shared& k, int64_t b, int64_t h, int64_t first, int64_t last) {
+  const AttentionProblem& p = *k.p;
+  const int64_t size = p.head_size, blocks = k.padded / kBlock;
+  const int64_t g = h / (p.num_heads / p.kv_heads);
+  const uint8_t* flags = k.v_nonfinite + (b * p.kv_heads + g) * blocks;
+  if (std::none_of(flags + first / kBlock, flags + blocks, [](uint8_t f) { return f; })) return;
+  const float* v = k.v + (b * p.kv_heads + g) * k.padded * size;
+  for (int64_t d = 0; d < size; ++d) {
+    int64_t t = p.seq - 1;  // the last token with a non-finite v in channel d, if after first
+    while (t > first && std::isfinite(v[t * size + d])) --t;
+    for (int64_t i = first; i < std::min(t, last); ++i)
+      p.out[(b * p.seq + i) * p.num_heads * size + h * size + d] = kNaN;
   }
 }
 
@@ -110,8 +175,9 @@ void PrepareQueries(const AttentionProblem& p, int64_t b, int64_t h, int64_t fir
 // Softmax of one row's first `valid` scores, in place; the rest of [0, width) become 0.
 // Returns 1 / sum so that the caller can scale the row's output once.
 float SoftmaxRowScalar(float* row, int64_t valid, int64_t width) {
-  float peak = row[0];
-  for (int64_t j = 1; j < valid; ++j) peak = std::max(peak, row[j]);
+  float peak = row[0];  // NaN when any score is NaN (std::max would drop a NaN in row[j])
+  for (int64_t j = 1; j < valid; ++j)
+    if (row[j] > peak || std::isnan(row[j])) peak = std::isnan(peak) ? peak : row[j];
   float sum = 0.0f;
   for (int64_t j = 0; j < valid; ++j) {
     row[j] = std::exp(row[j] - peak);
@@ -123,15 +189,15 @@ float SoftmaxRowScalar(float* row, int64_t valid, int64_t width) {
 
 // One query block [first, last) of head h in batch row b, without SIMD.
 void BlockScalar(const Shared& k, int64_t b, int64_t h, int64_t first, int64_t last,
-                 Scratch& scratch) {
+                 const BlockScratch& scratch) {
   const AttentionProblem& p = *k.p;
   const int64_t size = p.head_size;
   const int64_t g = h / (p.num_heads / p.kv_heads);
   const float* kt = k.kt + (b * p.kv_heads + g) * size * k.padded;
   const float* v = k.v + (b * p.kv_heads + g) * k.padded * size;
-  float* row = scratch.scores.data();
+  float* row = scratch.scores;
   for (int64_t i = first; i < last; ++i) {
-    const float* q = scratch.q.data() + (i - first) * size;
+    const float* q = scratch.q + (i - first) * size;
     for (int64_t j = 0; j <= i; ++j) {
       float acc = 0.0f;
       for (int64_t d = 0; d < size; ++d) acc += q[d] * kt[KeyIndex(j, d, size)];
@@ -148,12 +214,23 @@ void BlockScalar(const Shared& k, int64_t b, int64_t h, int64_t first, int64_t l
 }
 
 #if DZ_X86
+// max(a, b) that is NaN when either is: _mm256_max_ps returns its second operand when either is
+// NaN, so a NaN in `a` would be lost; OR-ing in the unordered mask makes those lanes NaN.
+DZ_AVX2 inline __m256 MaxKeepNaN(__m256 a, __m256 b) {
+  return _mm256_or_ps(_mm256_max_ps(a, b), _mm256_cmp_ps(a, b, _CMP_UNORD_Q));
+}
+
+DZ_AVX2 inline __m128 MaxKeepNaN(__m128 a, __m128 b) {
+  return _mm_or_ps(_mm_max_ps(a, b), _mm_cmp_ps(a, b, _CMP_UNORD_Q));
+}
+
 // exp(x) for x <= 0 (softmax arguments): 2^n * e^r with |r| <= ln2 / 2 and a degree-6 Taylor
-// polynomial for e^r (relative error below 2e-7); arguments under -87.3 flush to 0.
+// polynomial for e^r (relative error below 2e-7); arguments under -87.3 flush to 0, and NaN stays
+// NaN (the clamp takes x as max's second operand, which max returns when either is NaN).
 DZ_AVX2 inline __m256 ExpNonPositive(__m256 x) {
   const __m256 low = _mm256_set1_ps(-87.3f);
   const __m256 flush = _mm256_cmp_ps(x, low, _CMP_LT_OQ);
-  x = _mm256_max_ps(x, low);
+  x = _mm256_max_ps(low, x);
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
@@ -170,10 +247,10 @@ DZ_AVX2 inline __m256 ExpNonPositive(__m256 x) {
   return _mm256_andnot_ps(flush, _mm256_mul_ps(poly, _mm256_castsi256_ps(bits)));
 }
 
-DZ_AVX2 inline float HorizontalMax(__m256 x) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+DZ_AVX2 inline float HorizontalMax(__m256 x) {  // NaN when any lane is
+  __m128 m = MaxKeepNaN(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  m = MaxKeepNaN(m, _mm_movehl_ps(m, m));
+  m = MaxKeepNaN(m, _mm_movehdup_ps(m));
   return _mm_cvtss_f32(m);
 }
 
@@ -217,7 +294,7 @@ DZ_AVX2 void ScoreChunk(const float* q, int64_t size, const float* chunk, int64_
   for (int r = 0; r < ROWS; ++r) {
     _mm256_storeu_ps(scores + r * width + j, acc[r][0]);
     _mm256_storeu_ps(scores + r * width + j + 8, acc[r][1]);
-    peaks[r] = _mm256_max_ps(peaks[r], _mm256_max_ps(acc[r][0], acc[r][1]));
+    peaks[r] = MaxKeepNaN(peaks[r], MaxKeepNaN(acc[r][0], acc[r][1]));
   }
 }
 
@@ -264,15 +341,15 @@ DZ_AVX2 float ExponentiateRow(float* row, float peak, int64_t width) {
 // one, so each chunk of k, and each run of kKeyRun v rows, is read from memory once per block
 // and then from L1.
 DZ_AVX2 void BlockVectorized(const Shared& k, int64_t b, int64_t h, int64_t first,
-                             int64_t last, Scratch& scratch) {
+                             int64_t last, const BlockScratch& scratch) {
   const AttentionProblem& p = *k.p;
   const int64_t size = p.head_size, rows = last - first, width = RoundUp(last, 16);
   const int64_t g = h / (p.num_heads / p.kv_heads);
-  const float* q = scratch.q.data();
+  const float* q = scratch.q;
   const float* kt = k.kt + (b * p.kv_heads + g) * size * k.padded;
   const float* v = k.v + (b * p.kv_heads + g) * k.padded * size;
-  float* scores = scratch.scores.data();
-  float* acc = scratch.acc.data();
+  float* scores = scratch.scores;
+  float* acc = scratch.acc;
   __m256 peaks[kBlock];
   for (int64_t r = 0; r < rows; ++r) peaks[r] = _mm256_set1_ps(-INFINITY);
   for (int64_t j = 0; j < width; j += 16) {
@@ -312,35 +389,60 @@ DZ_AVX2 void BlockVectorized(const Shared& k, int64_t b, int64_t h, int64_t firs
 }
 #endif  // DZ_X86
 
-void AttendBlock(const Shared& k, int64_t b, int64_t h, int64_t block) {
+void AttendBlock(const Shared& k, int64_t b, int64_t h, int64_t block, Scratch& kept) {
   const AttentionProblem& p = *k.p;
   const int64_t first = block * kBlock, last = std::min(first + kBlock, p.seq);
-  thread_local Scratch scratch;
-  scratch.q.resize(static_cast<size_t>(kBlock * p.head_size));
-  scratch.scores.resize(static_cast<size_t>(kBlock * k.padded));
-  scratch.acc.resize(static_cast<size_t>(kBlock * p.head_size));
-  PrepareQueries(p, b, h, first, last, scratch.q.data());
+  BlockScratch scratch{kept.q.Get(static_cast<size_t>(kBlock * p.head_size)),
+                       kept.scores.Get(static_cast<size_t>(kBlock * k.padded)),
+                       kept.acc.Get(static_cast<size_t>(kBlock * p.head_size))};
+  PrepareQueries(p, b, h, first, last, scratch.q);
 #if DZ_X86
-  if (k.vectorized) return BlockVectorized(k, b, h, first, last, scratch);
-#endif
+  if (k.vectorized) {
+    BlockVectorized(k, b, h, first, last, scratch);
+  } else {
+    BlockScalar(k, b, h, first, last, scratch);
+  }
+#else
   BlockScalar(k, b, h, first, last, scratch);
+#endif
+  PoisonMaskedNonFinite(k, b, h, first, last);
 }
 
-void AttendPair(void* data, size_t index) {
-  const Shared& k = *static_cast<const Shared*>(data);
+// Thread-pool tasks must not throw: ONNX Runtime's pool would terminate the process.
+void AttendPair(void* data, size_t index) noexcept {
+  Shared& k = *static_cast<Shared*>(data);
+  if (k.failed) return;
   const AttentionProblem& p = *k.p;
   const int64_t blocks = k.padded / kBlock, pairs = (blocks + 1) / 2;
   const int64_t pair = static_cast<int64_t>(index) % pairs;
   const int64_t head = static_cast<int64_t>(index) / pairs % p.num_heads;
   const int64_t b = static_cast<int64_t>(index) / pairs / p.num_heads;
-  AttendBlock(k, b, head, pair);
-  if (blocks - 1 - pair != pair) AttendBlock(k, b, head, blocks - 1 - pair);
+  thread_local Scratch scratch;
+  try {
+    AttendBlock(k, b, head, pair, scratch);
+    if (blocks - 1 - pair != pair) AttendBlock(k, b, head, blocks - 1 - pair, scratch);
+  } catch (...) {  // std::bad_alloc from the scratch; nothing else throws
+    k.failed = true;
+  }
+  scratch.q.Trim();
+  scratch.scores.Trim();
+  scratch.acc.Trim();
 }
 
-const char* Check(const AttentionProblem& p) {
+void PackTask(void* data, size_t index) noexcept {
+  Shared& k = *static_cast<Shared*>(data);
+  if (k.failed) return;
+  PackKeysAndValues(data, index);  // allocates nothing
+}
+
+}  // namespace
+
+const char* CausalAttentionCheck(const AttentionProblem& p) {
   if (p.batch < 0 || p.seq < 0) return "negative batch or sequence length";
-  if (p.num_heads <= 0 || p.kv_heads <= 0 || p.num_heads % p.kv_heads)
-    return "num_heads must be a positive multiple of kv_num_heads";
+  if (p.seq > kMaxSequence) return "the sequence is longer than 16777216 tokens";
+  if (p.num_heads <= 0 || p.kv_heads <= 0 || p.num_heads > kMaxHeads ||
+      p.num_heads % p.kv_heads)
+    return "num_heads must be 1 to 1024 and a multiple of kv_num_heads (which must be positive)";
   if (p.head_size <= 0 || p.head_size > kMaxHeadSize) return "the head size must be 1 to 1024";
   if ((p.cos == nullptr) != (p.sin == nullptr)) return "cos_cache and sin_cache come together";
   if (p.cos && (p.rotary_half <= 0 || 2 * p.rotary_half > p.head_size))
@@ -349,7 +451,7 @@ const char* Check(const AttentionProblem& p) {
   return nullptr;
 }
 
-}  // namespace
+int64_t CausalAttentionRetainedBytes() { return retained_bytes; }
 
 bool CausalAttentionVectorized() {
 #if DZ_X86
@@ -361,24 +463,32 @@ bool CausalAttentionVectorized() {
 }
 
 const char* CausalAttention(const AttentionProblem& p, ParallelFor parallel_for, void* runner) {
-  if (const char* why = Check(p)) return why;
+  if (const char* why = CausalAttentionCheck(p)) return why;
   if (p.batch == 0 || p.seq == 0) return nullptr;
   Shared k;
   k.p = &p;
   k.padded = RoundUp(p.seq, kBlock);
   k.vectorized = CausalAttentionVectorized() && p.head_size % 16 == 0;
-  // Packed k and v live as long as this call; the buffer is kept by the calling thread, so
-  // that steady-state calls allocate nothing (and concurrent calls never share it).
-  thread_local std::vector<float> packed;
-  const int64_t per_tensor = p.batch * p.kv_heads * p.head_size * k.padded;
-  packed.resize(static_cast<size_t>(2 * per_tensor));
-  k.kt = packed.data();
-  k.v = packed.data() + per_tensor;
   const int64_t blocks = k.padded / kBlock;
-  parallel_for(runner, PackKeysAndValues, &k, static_cast<size_t>(p.batch * blocks));
+  // Packed k and v (and v's non-finite flags) live as long as this call; the buffer is kept by
+  // the calling thread, so that steady-state calls allocate nothing (and concurrent calls never
+  // share it), unless it is large.
+  thread_local KeptBuffer packed;
+  const int64_t per_tensor = p.batch * p.kv_heads * p.head_size * k.padded;
+  const int64_t flag_floats = (p.batch * p.kv_heads * blocks + 3) / 4;
+  try {
+    float* base = packed.Get(static_cast<size_t>(2 * per_tensor + flag_floats));
+    k.kt = base;
+    k.v = base + per_tensor;
+    k.v_nonfinite = reinterpret_cast<uint8_t*>(base + 2 * per_tensor);
+  } catch (const std::bad_alloc&) {
+    return "out of memory for the packed keys and values";
+  }
+  parallel_for(runner, PackTask, &k, static_cast<size_t>(p.batch * blocks));
   parallel_for(runner, AttendPair, &k,
                static_cast<size_t>(p.batch * p.num_heads * ((blocks + 1) / 2)));
-  return nullptr;
+  packed.Trim();
+  return k.failed ? "out of memory for a thread's scratch" : nullptr;
 }
 
 }  // namespace dayzero

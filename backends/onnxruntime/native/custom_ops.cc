@@ -13,8 +13,13 @@
 //
 // ONNX Runtime loads the library with SessionOptions.register_custom_ops_library; it calls
 // RegisterCustomOps below with the runtime's API base.
+//
+// No C++ exception crosses the C ABI: every entry point ONNX Runtime calls catches everything
+// (std::bad_alloc included) and returns an error status instead.
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <new>
 #include <string>
 
 #include "causal_attention.h"
@@ -47,24 +52,44 @@ T Attribute(const ort::Api* api, Get get, const ort::KernelInfo* info, const cha
   return value;
 }
 
-ort::Status* CreateKernel(const ort::CustomOp*, const ort::Api* api, const ort::KernelInfo* info,
-                          void** out) {
-  auto* kernel = new Kernel{api};
-  kernel->num_heads = Attribute<int64_t>(api, &ort::Api::KernelInfoGetAttributeInt64, info,
-                                         "num_heads", 0);
-  kernel->kv_heads = Attribute<int64_t>(api, &ort::Api::KernelInfoGetAttributeInt64, info,
-                                        "kv_num_heads", 0);
-  kernel->interleaved = Attribute<int64_t>(api, &ort::Api::KernelInfoGetAttributeInt64, info,
-                                           "rotary_interleaved", 0);
-  kernel->scale = Attribute<float>(api, &ort::Api::KernelInfoGetAttributeFloat, info, "scale",
-                                   0.0f);
-  if (kernel->num_heads <= 0 || kernel->kv_heads <= 0 ||
-      kernel->num_heads % kernel->kv_heads != 0) {
-    delete kernel;
-    return Error(api, "num_heads and kv_num_heads must be positive, num_heads a multiple of "
-                      "kv_num_heads");
+// Out of memory, or (never expected) any other exception, as an ORT status.
+ort::Status* Failure(const ort::Api* api, const char* where) noexcept {
+  try {
+    throw;  // called from a catch block: rethrows what it caught
+  } catch (const std::bad_alloc&) {
+    return api->CreateStatus(ort::kFail, (std::string("CausalAttention: out of memory in ") +
+                                          where).c_str());
+  } catch (...) {
+    return api->CreateStatus(ort::kFail, "CausalAttention: unexpected C++ exception");
   }
-  *out = kernel;
+}
+
+ort::Status* CreateKernel(const ort::CustomOp*, const ort::Api* api, const ort::KernelInfo* info,
+                          void** out) noexcept {
+  Kernel attrs{api};
+  attrs.num_heads = Attribute<int64_t>(api, &ort::Api::KernelInfoGetAttributeInt64, info,
+                                       "num_heads", 0);
+  attrs.kv_heads = Attribute<int64_t>(api, &ort::Api::KernelInfoGetAttributeInt64, info,
+                                      "kv_num_heads", 0);
+  attrs.interleaved = Attribute<int64_t>(api, &ort::Api::KernelInfoGetAttributeInt64, info,
+                                         "rotary_interleaved", 0);
+  attrs.scale = Attribute<float>(api, &ort::Api::KernelInfoGetAttributeFloat, info, "scale",
+                                 0.0f);
+  // Bounded here, so that no product of them (num_heads + 2 * kv_num_heads columns, a head's
+  // offset) can overflow when the shapes are read.
+  if (attrs.num_heads <= 0 || attrs.num_heads > dayzero::kMaxHeads || attrs.kv_heads <= 0 ||
+      attrs.num_heads % attrs.kv_heads != 0) {
+    return Error(api, "num_heads and kv_num_heads must be positive, num_heads a multiple of "
+                      "kv_num_heads and at most " + std::to_string(dayzero::kMaxHeads));
+  }
+  if (attrs.interleaved != 0 && attrs.interleaved != 1)
+    return Error(api, "rotary_interleaved must be 0 or 1");
+  if (!std::isfinite(attrs.scale)) return Error(api, "scale must be finite");
+  try {
+    *out = new Kernel(attrs);
+  } catch (...) {
+    return Failure(api, "CreateKernel");
+  }
   return nullptr;
 }
 
@@ -123,8 +148,8 @@ ort::Status* Describe(const Kernel& k, const Tensor in[kInputs], dayzero::Attent
     return Error(api, "key and value come together (or both absent, for packed q, k, v)");
   const bool packed = key.data == nullptr;
   const int64_t batch = q.dims[0], seq = q.dims[1], hidden = q.dims[2];
-  const int64_t columns = packed ? k.num_heads + 2 * k.kv_heads : k.num_heads;
-  if (hidden % columns != 0)
+  const int64_t columns = packed ? k.num_heads + 2 * k.kv_heads : k.num_heads;  // attrs bounded
+  if (hidden <= 0 || hidden % columns != 0)
     return Error(api, "query's last dim " + std::to_string(hidden) + " is not a multiple of " +
                           std::to_string(columns) + " heads");
   const int64_t size = hidden / columns, kv_width = k.kv_heads * size;
@@ -160,10 +185,11 @@ ort::Status* Describe(const Kernel& k, const Tensor in[kInputs], dayzero::Attent
   p->rotary_half = cos.data ? cos.dims[1] : 0;
   p->interleaved = k.interleaved != 0;
   p->scale = k.scale != 0.0f ? k.scale : 1.0f / std::sqrt(static_cast<float>(size));
+  if (const char* why = dayzero::CausalAttentionCheck(*p)) return Error(api, why);
   return nullptr;
 }
 
-ort::Status* Compute(void* kernel, ort::KernelContext* context) {
+ort::Status* ComputeOrThrow(void* kernel, ort::KernelContext* context) {
   const Kernel& k = *static_cast<Kernel*>(kernel);
   const ort::Api* api = k.api;
   Tensor in[kInputs];
@@ -185,6 +211,14 @@ ort::Status* Compute(void* kernel, ort::KernelContext* context) {
     return Error(api, why);
   }
   return pool.status;
+}
+
+ort::Status* Compute(void* kernel, ort::KernelContext* context) noexcept {
+  try {
+    return ComputeOrThrow(kernel, context);
+  } catch (...) {
+    return Failure(static_cast<Kernel*>(kernel)->api, "Compute");
+  }
 }
 
 ort::CustomOp MakeCausalAttention() {
@@ -210,21 +244,40 @@ ort::CustomOp MakeCausalAttention() {
 
 const ort::CustomOp kCausalAttention = MakeCausalAttention();
 
+// Tells an older runtime why the library refuses it. ort_abi.h's slots were counted for API
+// version kApiVersion; an older runtime's table is shorter, and calling a slot past its end
+// would jump to garbage, so nothing but the version-1 table's CreateStatus is used here.
+ort::Status* TooOld(const ort::ApiBase* base) noexcept {
+  const ort::Api* oldest = base->GetApi(1);
+  if (oldest == nullptr) return nullptr;  // cannot happen: every runtime serves version 1
+  const char* found = base->GetVersionString ? base->GetVersionString() : "unknown";
+  char message[256];
+  std::snprintf(message, sizeof(message),
+                "dayzero's custom ops need ONNX Runtime API version %u (ONNX Runtime 1.%u) or "
+                "newer; found ONNX Runtime %s, which does not serve API version %u",
+                ort::kApiVersion, ort::kApiVersion, found, ort::kApiVersion);
+  return oldest->CreateStatus(ort::kFail, message);
+}
+
 }  // namespace
 
 extern "C" __attribute__((visibility("default"))) ort::Status* RegisterCustomOps(
-    ort::SessionOptions* options, const ort::ApiBase* base) {
+    ort::SessionOptions* options, const ort::ApiBase* base) noexcept {
   const ort::Api* api = base->GetApi(ort::kApiVersion);
-  if (api == nullptr) {  // older than 1.17: report through the oldest table, which all have
-    const ort::Api* oldest = base->GetApi(1);
-    std::string message = std::string("dayzero's custom ops need ONNX Runtime 1.17 or newer; "
-                                      "this is ") + base->GetVersionString();
-    return oldest ? oldest->CreateStatus(ort::kFail, message.c_str()) : nullptr;
+  if (api == nullptr) return TooOld(base);
+  try {
+    // The domain must outlive every session made from these options; ONNX Runtime does not
+    // take ownership, so it is kept for the life of the process (a few bytes per registration).
+    ort::CustomOpDomain* domain = nullptr;
+    if (ort::Status* status = api->CreateCustomOpDomain(kDomain, &domain)) return status;
+    if (ort::Status* status = api->CustomOpDomainAdd(domain, &kCausalAttention)) return status;
+    return api->AddCustomOpDomain(options, domain);
+  } catch (...) {
+    return Failure(api, "RegisterCustomOps");
   }
-  // The domain must outlive every session made from these options; ONNX Runtime does not take
-  // ownership, so it is kept for the life of the process (a few bytes per registration).
-  ort::CustomOpDomain* domain = nullptr;
-  if (ort::Status* status = api->CreateCustomOpDomain(kDomain, &domain)) return status;
-  if (ort::Status* status = api->CustomOpDomainAdd(domain, &kCausalAttention)) return status;
-  return api->AddCustomOpDomain(options, domain);
+}
+
+// Bytes of scratch the kernel's threads keep between calls, for tests (see causal_attention.h).
+extern "C" __attribute__((visibility("default"))) int64_t DayzeroRetainedScratchBytes() noexcept {
+  return dayzero::CausalAttentionRetainedBytes();
 }

@@ -154,8 +154,14 @@ def _sdpa_rule(types, attrs):
 
 
 def _sdpa(q, k, v, mask, is_causal, scale, enable_gqa):
-    return _F().scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
-                                             scale=scale, enable_gqa=enable_gqa)
+    # The math backend: torch's default CPU kernel (flash attention) drops a NaN query row for
+    # some shapes (torch 2.13: q [2, 4, 7, 8] with one NaN gives no NaN), and the reference
+    # must not lose a NaN (tests/test_nonfinite.py).
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.MATH):
+        return _F().scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+                                                 scale=scale, enable_gqa=enable_gqa)
 
 
 define("scaled_dot_product_attention", "q k v mask?", _sdpa_rule, _sdpa, "attention",
