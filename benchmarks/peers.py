@@ -1,16 +1,26 @@
 """dayzero's onnxruntime artifact against the tools a user would pick instead, side by side.
 
 For each workload, in one process and on the same inputs: PyTorch eager, torch.compile
-(Inductor), torch.onnx.export + ONNX Runtime (with exactly dayzero's session options), and
-dayzero's artifact via runtime.load. Prints compile time (model to loaded executable), median
-latency, ratios, the largest difference from eager, and the roofline floor: the model's matmul
-FLOPs divided by this machine's measured fp32 GEMM rate.
+(Inductor), torch.onnx.export + ONNX Runtime, torch.onnx.export + ONNX Runtime's transformer
+optimizer (`onnxruntime.transformers.optimizer.optimize_model`) + ONNX Runtime, dayzero's
+artifact via runtime.load, and the same artifact compiled without dayzero's native kernels
+(`exclude_kernels: [ai.dayzero.CausalAttention]`), so the compiler's share and the hand-written
+kernel's share show apart. Every ORT session gets exactly dayzero's session options.
+
+Prints median latency, ratios to eager and to the best peer (the fastest that is not dayzero),
+the largest difference from eager, compile time (model to loaded executable) measured cold in a
+fresh subprocess per peer and warm in this process, and the roofline floor: the model's matmul
+FLOPs (causal attention counted as the S(S+1)/2 pairs it needs) divided by this machine's
+measured fp32 GEMM rate.
 
     python benchmarks/peers.py                       # every workload
     python benchmarks/peers.py --workloads decoder-128 --repeat 50
 
-torch.onnx.export needs the `onnxscript` package (pip install onnxscript); without it that peer
-is reported as unavailable. This is a script, not a test: timings depend on the machine.
+torch.onnx.export needs the `onnxscript` package (pip install onnxscript); without it both
+exporter peers are reported as unavailable, as is the optimizer peer when
+onnxruntime.transformers cannot be imported. This is a script, not a test: timings depend on
+the machine; its bookkeeping (rounds, pairing, FLOP counting, the floor) is tested in
+tests/benchmarks/test_peers_harness.py.
 """
 
 from __future__ import annotations
@@ -19,9 +29,11 @@ import argparse
 import contextlib
 import importlib.util
 import io
+import json
 import os
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -96,6 +108,27 @@ WORKLOADS: dict[str, Callable] = {
     "vit-224": vit,
 }
 
+# optimize_model's arguments per workload: (model_type, num_heads, hidden_size). The decoder is
+# Llama-style (RoPE, GQA, RMSNorm): "qwen3" is the optimizer's type for that family where the
+# installed onnxruntime has it, else "gpt2", its generic decoder type.
+OPTIMIZER_ARGS: dict[str, tuple[tuple[str, ...], int, int]] = {
+    "decoder-128": (("qwen3", "gpt2"), 8, 256),
+    "decoder-512": (("qwen3", "gpt2"), 8, 256),
+    "encoder-128": (("bert",), 4, 256),
+    "vit-224": (("vit",), 8, 256),
+}
+
+NATIVE_KERNEL = "ai.dayzero.CausalAttention"
+
+# what each attention kernel computes of a causal score matrix (printed with the floor)
+ATTENTION_KERNELS = {
+    NATIVE_KERNEL: "skips the masked half (blocks of 16 queries times the keys they may see; "
+                   "the diagonal blocks are computed whole)",
+    "com.microsoft.GroupQueryAttention": "computes the full S x S scores, then masks",
+    "com.microsoft.MultiHeadAttention": "computes the full S x S scores, then masks",
+    "com.microsoft.Attention": "computes the full S x S scores, then masks",
+}
+
 
 # -- measurement --------------------------------------------------------------------------------
 
@@ -112,6 +145,8 @@ class Peer:
     cpu_times: list[float] = field(default_factory=list)
     rounds: list[float] = field(default_factory=list)  # median call of each round's block
     extra: dict = field(default_factory=dict)
+    cold_compile_s: float | None = None  # in a fresh subprocess (cold_compile)
+    dayzero: bool = False  # one of dayzero's own rows, never "the best peer"
 
     @property
     def latency_ms(self) -> float | None:
@@ -147,40 +182,148 @@ def compile_peer(model, inputs) -> Peer:
     return Peer("torch.compile", time.perf_counter() - start, lambda: compiled(*inputs), out)
 
 
-def onnx_export_peer(model, inputs, dynamic, workdir: Path, session: dict) -> Peer:
-    try:
-        import onnxscript  # noqa: F401
-    except ImportError:
-        return Peer("torch.onnx.export+ORT", note="unavailable: pip install onnxscript")
-    path = workdir / "exported.onnx"
-    start = time.perf_counter()
+def _export(model, inputs, dynamic, path: Path) -> None:
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         torch.onnx.export(model, inputs, str(path), dynamo=True, dynamic_shapes=dynamic,
                           verbose=False)
-    session = create_session(path.read_bytes(), SessionConfig(**session), workdir)
+
+
+def _ort_peer(name: str, onnx_bytes: bytes, inputs, workdir: Path, session: dict,
+              start: float, **extra) -> Peer:
+    session = create_session(onnx_bytes, SessionConfig(**session), workdir)
     took = time.perf_counter() - start
     feeds = {i.name: x.numpy() for i, x in zip(session.get_inputs(), inputs)}
     run = lambda: session.run(None, feeds)
-    return Peer("torch.onnx.export+ORT", took, run, _first(run()))
+    return Peer(name, took, run, _first(run()), extra=extra)
 
 
-def dayzero_peer(model, inputs, dynamic, workdir: Path, session: dict) -> Peer:
-    from backends.onnxruntime import read_record
-
+def onnx_export_peer(model, inputs, dynamic, workdir: Path, session: dict) -> Peer:
+    name = "torch.onnx.export+ORT"
+    try:
+        import onnxscript  # noqa: F401
+    except ImportError:
+        return Peer(name, note="unavailable: pip install onnxscript")
+    path = workdir / "exported.onnx"
     start = time.perf_counter()
-    path = compiler.compile(model, inputs, out=workdir / "model.dz", backend="onnxruntime",
-                            dynamic_shapes=dynamic, force=True)
+    _export(model, inputs, dynamic, path)
+    return _ort_peer(name, path.read_bytes(), inputs, workdir, session, start)
+
+
+def optimizer_peer(model, inputs, dynamic, workdir: Path, session: dict,
+                   args: tuple[tuple[str, ...], int, int]) -> Peer:
+    """torch.onnx.export, then ONNX Runtime's transformer optimizer (the Python fusions plus, at
+    the model type's default level, ORT's offline optimization), then a session with exactly
+    dayzero's settings."""
+    name = "torch.onnx.export+ORT optimizer"
+    try:
+        import onnxscript  # noqa: F401
+    except ImportError:
+        return Peer(name, note="unavailable: pip install onnxscript")
+    try:
+        from onnxruntime.transformers import optimizer
+    except ImportError as e:  # it ships in the onnxruntime wheel, but imports extra packages
+        missing = getattr(e, "name", None) or str(e)
+        return Peer(name, note=f"unavailable: onnxruntime.transformers.optimizer needs "
+                               f"{missing} (pip install {missing})")
+    types, heads, hidden = args
+    model_type = next((t for t in types if t in optimizer.MODEL_TYPES), None)
+    if model_type is None:
+        return Peer(name, note=f"unavailable: this onnxruntime's optimizer has none of the "
+                               f"model types {list(types)}")
+    path = workdir / "exported_for_optimizer.onnx"
+    start = time.perf_counter()
+    _export(model, inputs, dynamic, path)
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        optimized = optimizer.optimize_model(str(path), model_type=model_type, num_heads=heads,
+                                             hidden_size=hidden)
+    fused = {op: n for op, n in optimized.get_fused_operator_statistics().items() if n}
+    return _ort_peer(name, optimized.model.SerializeToString(), inputs, workdir, session, start,
+                     model_type=model_type, fused=fused,
+                     contrib=sorted({f"{n.domain}.{n.op_type}" for n in optimized.model.graph.node
+                                     if n.domain not in ("", "ai.onnx")}))
+
+
+def dayzero_peer(model, inputs, dynamic, workdir: Path, session: dict,
+                 exclude_kernels: tuple[str, ...] = ()) -> Peer:
+    from backends.onnxruntime import read_record
+    from backends.onnxruntime.fused import ContribFallbackWarning
+
+    name = "dayzero" + (", no native kernels" if exclude_kernels else "")
+    options = {"onnxruntime": {"exclude_kernels": list(exclude_kernels)}} if exclude_kernels \
+        else None
+    out = workdir / ("model-no-native.dz" if exclude_kernels else "model.dz")
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        # the fallback that exclude_kernels asks for is the point of that row, not news
+        warnings.simplefilter("ignore", ContribFallbackWarning)
+        path = compiler.compile(model, inputs, out=out, backend="onnxruntime",
+                                dynamic_shapes=dynamic, force=True, backend_options=options)
     loaded = runtime.load(path, session=session)
     took = time.perf_counter() - start
     arrays = [x.numpy() for x in inputs]
     graph = parse_ir((path / "graph.dzir").read_text())
     record = read_record(loaded.artifact)
     contrib = sorted({op for entry in record["nodes"] for op in entry["onnx"] if "." in op})
+    shapes = [a.shape for a in arrays]
     run = lambda: loaded(*arrays)
-    return Peer("dayzero", took, run, _first(run()),
-                extra={"flops": matmul_flops(graph, [a.shape for a in arrays]),
+    return Peer(name, took, run, _first(run()), dayzero=True,
+                extra={"flops": matmul_flops(graph, shapes),
+                       "flops_full": matmul_flops(graph, shapes, causal_half=False),
                        "contrib": contrib, "pipeline": loaded.manifest.get("pipeline")})
+
+
+def no_native_peer(model, inputs, dynamic, workdir: Path, session: dict, dz: Peer) -> Peer:
+    """dayzero with its native kernels excluded; the same artifact as dz's (so not run again)
+    when dz uses none."""
+    if NATIVE_KERNEL not in dz.extra.get("contrib", ()):
+        return Peer("dayzero, no native kernels", dayzero=True,
+                    note=f"same artifact as dayzero's: {NATIVE_KERNEL} not used here")
+    return dayzero_peer(model, inputs, dynamic, workdir, session, (NATIVE_KERNEL,))
+
+
+# every peer's compile, by name, as the cold subprocess runs it (same functions as in process)
+PEER_BUILDERS: dict[str, Callable] = {
+    "eager": lambda w, m, i, d, tmp, s: eager_peer(m, i),
+    "torch.compile": lambda w, m, i, d, tmp, s: compile_peer(m, i),
+    "torch.onnx.export+ORT": lambda w, m, i, d, tmp, s: onnx_export_peer(m, i, d, tmp, s),
+    "torch.onnx.export+ORT optimizer":
+        lambda w, m, i, d, tmp, s: optimizer_peer(m, i, d, tmp, s, OPTIMIZER_ARGS[w]),
+    "dayzero": lambda w, m, i, d, tmp, s: dayzero_peer(m, i, d, tmp, s),
+    "dayzero, no native kernels":
+        lambda w, m, i, d, tmp, s: dayzero_peer(m, i, d, tmp, s, (NATIVE_KERNEL,)),
+}
+
+
+def cold_compile(workload: str, peer: str, session: dict, command: list[str] | None = None,
+                 timeout_s: float = 900) -> tuple[float | None, str]:
+    """`peer`'s compile time for `workload` in a fresh Python process: nothing of dynamo,
+    torch.export or Inductor has run in it, and Inductor gets an empty cache folder. The model
+    is built before the clock starts. Returns (seconds, "") or (None, why not)."""
+    command = command or [sys.executable, str(Path(__file__).resolve()), "--cold-compile",
+                          workload, peer, "--session", json.dumps(session)]
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, env=env,
+                                  timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return None, f"cold compile timed out after {timeout_s:.0f} s"
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return None, f"cold compile failed: {tail}"
+    result = json.loads(lines[-1])
+    return result.get("compile_s"), result.get("note", "")
+
+
+def _cold_compile_child(workload: str, peer: str, session: dict) -> int:
+    model, inputs, dynamic = WORKLOADS[workload]()
+    with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
+        p = PEER_BUILDERS[peer](workload, model, inputs, dynamic, Path(tmp), session)
+    print(json.dumps({"compile_s": p.compile_s, "note": p.note}))
+    return 0
 
 
 def time_interleaved(peers: list[Peer], repeat: int, block: int = 5, warmup: int = 2,
@@ -230,9 +373,18 @@ def _diff(out, ref) -> float:
 
 # -- roofline -----------------------------------------------------------------------------------
 
-def matmul_flops(graph, shapes) -> int:
+def causal_pairs(queries: int, keys: int) -> int:
+    """(query, key) pairs causal attention needs: query i sees keys 0..i (torch's is_causal,
+    aligned at the top left), so S(S+1)/2 for a square S x S matrix."""
+    full = min(queries, keys)
+    return full * (full + 1) // 2 + max(queries - keys, 0) * keys
+
+
+def matmul_flops(graph, shapes, causal_half: bool = True) -> int:
     """FLOPs of the graph's matmul-class ops (linear, matmul, conv, attention) at these shapes,
-    fused ops counted through their decompositions."""
+    fused ops counted through their decompositions. Causal attention counts the query-key pairs
+    it needs (`causal_pairs`: S(S+1)/2 for S x S), unless causal_half=False, which counts the
+    full matrix as kernels that mask after the product compute it."""
     import sympy
 
     from passes import PassManager
@@ -250,17 +402,24 @@ def matmul_flops(graph, shapes) -> int:
     for node in graph.nodes:
         ins = [v.type.shape if v is not None else None for v in node.inputs]
         out = node.outputs[0].type.shape
-        if node.op == "linear":
-            total += 2 * numel(out) * size(ins[0][-1])
-        elif node.op == "matmul":
+        if node.op in ("linear", "matmul"):
             total += 2 * numel(out) * size(ins[0][-1])
         elif node.op == "conv":
             w = ins[1]
             total += 2 * numel(out) * numel(w[1:])
         elif node.op == "scaled_dot_product_attention":
-            q, k = ins[0], ins[1]
-            total += 2 * 2 * numel(q[:-1]) * size(k[-2]) * size(q[-1])
+            q, k, v = ins[0], ins[1], ins[2]
+            lq, lk = size(q[-2]), size(k[-2])
+            pairs = (causal_pairs(lq, lk) if node.attrs.get("is_causal") and causal_half
+                     else lq * lk)
+            # q k^T and probs v, per pair: 2 * head size each
+            total += 2 * numel(q[:-2]) * pairs * (size(q[-1]) + size(v[-1]))
     return total
+
+
+def roofline_ms(flops: int, rate: float) -> float:
+    """The floor: the matmul FLOPs at the machine's best measured GEMM rate (FLOP/s), in ms."""
+    return flops / rate * 1e3
 
 
 def gemm_rate(threads: int) -> tuple[float, str]:
@@ -299,46 +458,88 @@ def _timed(fn) -> float:
 
 # -- report -------------------------------------------------------------------------------------
 
-def bench(name: str, repeat: int, session: dict) -> list[Peer]:
+def bench(name: str, repeat: int, session: dict, cold: bool = True) -> list[Peer]:
     model, inputs, dynamic = WORKLOADS[name]()
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
         workdir = Path(tmp)
         peers = [eager_peer(model, inputs), compile_peer(model, inputs),
                  onnx_export_peer(model, inputs, dynamic, workdir, session),
+                 optimizer_peer(model, inputs, dynamic, workdir, session, OPTIMIZER_ARGS[name]),
                  dayzero_peer(model, inputs, dynamic, workdir, session)]
+        peers.append(no_native_peer(model, inputs, dynamic, workdir, session, peers[-1]))
         time_interleaved(peers, repeat)
+    if cold:
+        for p in peers:
+            if p.run is not None and p.name != "eager":
+                p.cold_compile_s, why = cold_compile(name, p.name, session)
+                p.note = p.note or why
     return peers
 
 
+def best_peer(peers: list[Peer]) -> Peer | None:
+    """The fastest peer by median that is not one of dayzero's rows: what dayzero is judged by."""
+    timed = [p for p in peers if p.latency_ms is not None and not p.dayzero]
+    return min(timed, key=lambda p: p.latency_ms) if timed else None
+
+
+def _s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
 def report(name: str, peers: list[Peer], rate: float) -> str:
-    eager, _, ort_export, dz = peers
+    by_name = {p.name: p for p in peers}
+    eager, dz = by_name["eager"], by_name["dayzero"]
+    best = best_peer(peers)
     ref = eager.output
     lines = [f"### {name}", "",
-             "| peer | compile (s) | median (ms) | best (ms) | CPU per call (ms) | vs eager "
-             "| vs onnx.export+ORT | max abs diff vs eager |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| peer | compile cold (s) | compile in process (s) | median (ms) | best (ms) "
+             "| CPU per call (ms) | vs eager | vs best peer | max abs diff vs eager | note |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for p in peers:
         if p.latency_ms is None:
-            lines.append(f"| {p.name} | - | - | - | - | - | - | {p.note} |")
+            lines.append(f"| {p.name} | - | - | - | - | - | - | - | - | {p.note} |")
             continue
-        vs_ort = f"{p.latency_ms / ort_export.latency_ms:.2f}x" if ort_export.latency_ms else "-"
-        lines.append(f"| {p.name} | {p.compile_s:.2f} | {p.latency_ms:.2f} | {p.best_ms:.2f} | "
-                     f"{p.cpu_ms:.2f} | "
-                     f"{p.latency_ms / eager.latency_ms:.2f}x | {vs_ort} | "
-                     f"{_diff(p.output, ref):.1e} |")
-    floor_ms = dz.extra["flops"] / rate * 1e3
-    lines += ["", f"- roofline floor: {dz.extra['flops'] / 1e9:.3f} GFLOP of matmuls at "
-              f"{rate / 1e9:.0f} GFLOP/s = {floor_ms:.2f} ms (dayzero's median is "
-              f"{dz.latency_ms / floor_ms:.1f}x the floor)"]
-    paired = paired_ratio(dz, ort_export)
-    if paired:
-        lines.append(f"- dayzero over torch.onnx.export+ORT, round by round: median "
-                     f"{paired[0]:.2f}x (quartiles {paired[1]:.2f}x-{paired[2]:.2f}x "
-                     f"over {len(dz.rounds)} rounds)")
-    if ort_export.compile_s:
-        lines.append(f"- compile time (model to loaded executable): dayzero {dz.compile_s:.2f} s, "
-                     f"torch.onnx.export + session {ort_export.compile_s:.2f} s "
-                     f"({dz.compile_s / ort_export.compile_s:.2f}x)")
+        vs_best = f"{p.latency_ms / best.latency_ms:.2f}x" if best else "-"
+        note = p.note
+        if p.extra.get("fused"):
+            note = (f"{note}; " if note else "") + f"model_type {p.extra['model_type']}, " + \
+                ", ".join(f"{op} x{n}" for op, n in sorted(p.extra["fused"].items()))
+        elif "model_type" in p.extra:
+            note = (f"{note}; " if note else "") + \
+                f"model_type {p.extra['model_type']}: nothing fused"
+        lines.append(f"| {p.name} | {_s(p.cold_compile_s)} | {_s(p.compile_s)} | "
+                     f"{p.latency_ms:.2f} | {p.best_ms:.2f} | {p.cpu_ms:.2f} | "
+                     f"{p.latency_ms / eager.latency_ms:.2f}x | {vs_best} | "
+                     f"{_diff(p.output, ref):.1e} | {note} |")
+    flops, full = dz.extra["flops"], dz.extra["flops_full"]
+    floor_ms = roofline_ms(flops, rate)
+    lines += ["", f"- best peer (fastest median that is not dayzero): "
+                  f"{best.name if best else 'none'}"]
+    lines.append(f"- roofline floor: {flops / 1e9:.3f} GFLOP of matmuls (causal attention counted "
+                 f"as the S(S+1)/2 query-key pairs it needs; {full / 1e9:.3f} GFLOP with the full "
+                 f"S x S) at {rate / 1e9:.0f} GFLOP/s = {floor_ms:.2f} ms (dayzero's median is "
+                 f"{dz.latency_ms / floor_ms:.1f}x the floor)")
+    kernels = sorted({k for p in peers for k in p.extra.get("contrib", ())
+                      if k in ATTENTION_KERNELS})
+    for k in kernels:
+        users = [p.name for p in peers if k in p.extra.get("contrib", ())]
+        lines.append(f"- {k} ({', '.join(users)}): {ATTENTION_KERNELS[k]}")
+    if best:
+        paired = paired_ratio(dz, best)
+        if paired:
+            lines.append(f"- dayzero over {best.name}, round by round: median "
+                         f"{paired[0]:.2f}x (quartiles {paired[1]:.2f}x-{paired[2]:.2f}x "
+                         f"over {len(dz.rounds)} rounds)")
+    no_native = by_name.get("dayzero, no native kernels")
+    if no_native and no_native.latency_ms:
+        paired = paired_ratio(dz, no_native)
+        share = f"; round by round {paired[0]:.2f}x" if paired else ""
+        lines.append(f"- dayzero's native kernels: dayzero {dz.latency_ms:.2f} ms against "
+                     f"{no_native.latency_ms:.2f} ms without them "
+                     f"({dz.latency_ms / no_native.latency_ms:.2f}x{share})")
+    lines.append("- compile: cold is a fresh subprocess per peer (model built before the clock, "
+                 "empty Inductor cache), model to loaded executable; in process is order-"
+                 "dependent (dayzero compiles after dynamo and torch.export already ran)")
     lines.append(f"- dayzero pipeline: {dz.extra['pipeline']}; fused and native kernels: "
                  f"{', '.join(dz.extra['contrib']) or 'none'}")
     return "\n".join(lines) + "\n"
@@ -350,16 +551,25 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"comma-separated subset of {', '.join(WORKLOADS)}")
     parser.add_argument("--repeat", type=int, default=30, help="timed runs per peer")
     parser.add_argument("--spinning", choices=("auto", "on", "off"), default="auto",
-                        help="ORT thread spinning for both ORT peers (auto: decided once, from "
+                        help="ORT thread spinning for every ORT peer (auto: decided once, from "
                              "the load average at the start, as dayzero's loader decides it)")
+    parser.add_argument("--no-cold", action="store_true",
+                        help="skip the cold compiles (one fresh subprocess per peer)")
+    parser.add_argument("--cold-compile", nargs=2, metavar=("WORKLOAD", "PEER"),
+                        help=argparse.SUPPRESS)  # the subprocess's entry point
+    parser.add_argument("--session", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.cold_compile:
+        session = json.loads(args.session)
+        torch.set_num_threads(session["intra_op_threads"])
+        return _cold_compile_child(*args.cold_compile, session)
     names = [n for n in args.workloads.split(",") if n]
     unknown = sorted(set(names) - set(WORKLOADS))
     if unknown:
         parser.error(f"unknown workloads {unknown}; choose from {sorted(WORKLOADS)}")
     spinning = {"auto": "auto", "on": True, "off": False}[args.spinning]
     decided = SessionConfig(allow_spinning=spinning).resolve()
-    # both ORT peers get exactly these settings, decided once
+    # every ORT peer gets exactly these settings, decided once
     session = {"intra_op_threads": decided.intra_op_threads,
                "allow_spinning": decided.allow_spinning}
     threads = decided.intra_op_threads
@@ -367,10 +577,11 @@ def main(argv: list[str] | None = None) -> int:
     rate, library = gemm_rate(threads)
     print(f"# peers: {threads} threads, torch {torch.__version__}, onnxruntime "
           f"{_version('onnxruntime')}, fp32 GEMM {rate / 1e9:.0f} GFLOP/s ({library}), "
-          f"load average {os.getloadavg()[0]:.1f}, ORT session for both ORT peers "
+          f"load average {os.getloadavg()[0]:.1f}, ORT session for every ORT peer "
           f"{SessionConfig(**session).to_dict()} (spinning {args.spinning})\n")
     for name in names:
-        print(report(name, bench(name, args.repeat, session), rate), flush=True)
+        print(report(name, bench(name, args.repeat, session, cold=not args.no_cold), rate),
+              flush=True)
     print(f"load average at the end: {os.getloadavg()[0]:.1f}")
     return 0
 
