@@ -93,6 +93,11 @@ VARIANTS: dict[str, tuple[Variant, ...]] = {
         Variant("com.microsoft.QuickGelu", (Kernel(MS, "QuickGelu"),), _float32,
                 _contrib("QuickGelu", alpha=1.0)),
     ),
+    "quick_gelu": (
+        Variant("com.microsoft.QuickGelu", (Kernel(MS, "QuickGelu"),), _float32,
+                lambda b, node, x: [b.op1("QuickGelu", x, domain=MS,
+                                          alpha=float(node.attrs["alpha"]))]),
+    ),
     "add_rms_norm": (
         Variant("com.microsoft.SkipSimplifiedLayerNormalization",
                 (Kernel(MS, "SkipSimplifiedLayerNormalization"),),

@@ -1,8 +1,9 @@
 """Activation functions written out elementwise, folded back into one op.
 
 GELU in its erf form `x * 0.5 * (1 + erf(x / sqrt(2)))` and its tanh form (GPT-2's NewGELU,
-`0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))`), and SiLU `x * sigmoid(x)`, in the
-operand orders and associations models write them.
+`0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))`), SiLU `x * sigmoid(x)` and QuickGELU
+`x * sigmoid(1.702 * x)` (CLIP's vision and text towers), in the operand orders and associations
+models write them.
 """
 
 from __future__ import annotations
@@ -45,4 +46,11 @@ GELU_ERF = rule("gelu_erf", _gelu_erf, lambda op, x, **_: op.gelu(x, approximate
 SILU = rule("silu", lambda op, x: op.mul(x, op.sigmoid(x)), lambda op, x, **_: op.silu(x),
             check=_float)
 
-RULES = RuleSet([GELU_TANH, GELU_ERF, SILU], "activations")
+def _quick_gelu(op, x):
+    return op.mul(x, op.sigmoid(op.mul(x, op.const(name="alpha"))))
+
+
+QUICK_GELU = rule("quick_gelu", _quick_gelu,
+                  lambda op, x, alpha, **_: op.quick_gelu(x, alpha=float(alpha)), check=_float)
+
+RULES = RuleSet([GELU_TANH, GELU_ERF, SILU, QUICK_GELU], "activations")

@@ -323,7 +323,7 @@ CASES: dict[str, Case] = {
     **{name: unary(name) for name in [
         "neg", "abs", "exp", "exp2", "expm1", "sin", "cos", "atan", "sinh", "cosh", "tanh",
         "asinh", "sigmoid", "relu", "erf", "floor", "ceil", "round", "trunc", "sign", "frac",
-        "silu", "hardsigmoid", "hardswish", "isnan", "isinf"]},
+        "silu", "quick_gelu", "hardsigmoid", "hardswish", "isnan", "isinf"]},
     **{name: unary(name, low=0.1, high=4.0) for name in
        ["log", "log2", "log10", "sqrt", "rsqrt", "reciprocal", "log1p"]},
     "tan": unary("tan", low=-1.2, high=1.2),

@@ -115,3 +115,34 @@ def test_fused_graph_matches_unfused_and_eager(fused):
     for g, b, e in zip(got, base, fused.eager):
         torch.testing.assert_close(g, b, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4)
+
+
+class _LastHiddenState(torch.nn.Module):
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixels):
+        return self.model(pixels).last_hidden_state
+
+
+def test_clip_vision_quick_gelu_is_fused():
+    """CLIP's towers (LLaVA's vision encoder too) use QuickGELU, x * sigmoid(1.702 x): one fused
+    op per layer, no sigmoid left, the same values as eager."""
+    from transformers import CLIPVisionConfig, CLIPVisionModel
+
+    torch.manual_seed(0)
+    config = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                              num_attention_heads=4, image_size=32, patch_size=8)
+    assert config.hidden_act == "quick_gelu"
+    model = CLIPVisionModel(config).eval()
+    pixels = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        want = model(pixels).last_hidden_state
+    graph = PassManager(DEFAULT_PIPELINE + ",fuse").run(
+        compiler.export(_LastHiddenState(model), (pixels,)))
+    ops = Counter(n.op for n in graph.nodes)
+    assert ops["quick_gelu"] == 2 and ops["sigmoid"] == 0
+    assert {n.attrs["alpha"] for n in graph.nodes if n.op == "quick_gelu"} == {1.702}
+    (got,) = run_graph(graph, graph.weight_data, [pixels])
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

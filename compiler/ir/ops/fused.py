@@ -180,6 +180,8 @@ define("gated_mlp", "x w_gate w_up w_down b_gate? b_up? b_down?", _gated_mlp_rul
        _reference("gated_mlp"), "fused",
        "down(activation(gate(x)) * up(x)): SwiGLU with silu, GeGLU with gelu",
        activation="silu")
+define("quick_gelu", "x", rules.unary, _reference("quick_gelu"), "fused",
+       "x * sigmoid(alpha * x): CLIP's QuickGELU (alpha 1.702); alpha 1 is SiLU", alpha=1.702)
 define("add_rms_norm", "x residual weight?", _add_norm_rule, _reference("add_rms_norm"), "fused",
        "(rms_norm(x + residual), x + residual): the residual add and the norm after it",
        normalized_shape=REQUIRED, eps=1e-6)
@@ -227,6 +229,13 @@ def _gelu(e: Emitter, inputs, attrs):
         t = e.op("erf", e.op("mul", x, e.const(math.sqrt(0.5), x.dtype)))
     half_x = e.op("mul", x, e.const(0.5, x.dtype))
     return [e.op("mul", half_x, e.op("add", t, e.const(1.0, x.dtype)))]
+
+
+@decomposes("quick_gelu")
+def _quick_gelu(e: Emitter, inputs, attrs):
+    (x,) = inputs
+    scaled = e.op("mul", x, e.const(float(attrs["alpha"]), x.dtype))
+    return [e.op("mul", x, e.op("sigmoid", scaled))]
 
 
 @decomposes("silu")
