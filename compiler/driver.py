@@ -105,7 +105,7 @@ def lower_and_write(graph: Graph, out: Path, target, cfg: CompileConfig, *,
     """
     from passes import DEFAULT_PIPELINE, PassManager, format_pipeline, parse_pipeline
     from passes.fusion.decompose import decompose_unsupported
-    from passes.fusion.report import fusion_report, op_counts, records_of
+    from passes.fusion.report import fusion_report, misses_of, op_counts, records_of
     from passes.plan_memory import memory_plan_for
     from runtime.artifact_writer import write_artifact
 
@@ -120,7 +120,7 @@ def lower_and_write(graph: Graph, out: Path, target, cfg: CompileConfig, *,
         except OSError as exc:  # --dump-ir's folder
             raise _write_error(exc, Path(dump_ir) if dump_ir else out) from exc
     if report is not None:
-        report(fusion_report(before, graph, records_of(manager)))
+        report(fusion_report(before, graph, records_of(manager), misses_of(manager)))
     if _world_size(cfg) > 1:
         return _write_partitioned(graph, out, target, cfg, format_pipeline(pipeline),
                                   dump_ir=dump_ir, force=force, log=log, aliases=aliases)

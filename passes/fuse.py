@@ -11,7 +11,7 @@ from compiler.ir import Graph
 from .base import Pass, PassResult
 from .fusion.sets import PHASES, RULE_SETS, TRANSFORMS
 from .registry import register_pass
-from .rewrite import RewriteRecord, RuleSet, apply_rules
+from .rewrite import RewriteMiss, RewriteRecord, RuleSet, apply_rules
 
 
 @register_pass
@@ -61,17 +61,24 @@ class Fuse(Pass):
 
     def run(self, graph: Graph) -> PassResult:
         records: list[RewriteRecord] = []
+        misses: list[RewriteMiss] = []
         for phase in PHASES:
             names = [n for n in phase if getattr(self, n)]
             rules = sum((RULE_SETS[n] for n in names if n in RULE_SETS), RuleSet())
             if len(rules):
-                records += apply_rules(graph, rules, self.max_sweeps)
+                records += apply_rules(graph, rules, self.max_sweeps, misses)
             for name in names:
                 if name in TRANSFORMS:
                     records += TRANSFORMS[name](graph)
         object.__setattr__(self, "_records", tuple(records))
+        object.__setattr__(self, "_misses", tuple(misses))
         return PassResult(graph, bool(records))
 
     def records(self) -> tuple[RewriteRecord, ...]:
         """What the last `run` rewrote, in order (empty before any run)."""
         return getattr(self, "_records", ())
+
+    def misses(self) -> tuple[RewriteMiss, ...]:
+        """Where each rule was tried for the last time in the last `run` and did not match, and
+        why (the reasons `compile --report` gives for a pattern that never fired)."""
+        return getattr(self, "_misses", ())

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 
 from compiler.ir import Graph
 
-from ..rewrite import RewriteRecord
+from ..rewrite import RewriteMiss, RewriteRecord
 
 
 def op_counts(graph: Graph) -> Counter:
@@ -26,9 +26,18 @@ def records_of(manager) -> list[RewriteRecord]:
     return records
 
 
+def misses_of(manager) -> list[RewriteMiss]:
+    """The failed attempts of the last sweep of every `fuse` pass in a PassManager's last run."""
+    from ..fuse import Fuse
+
+    return [m for p in manager.passes if isinstance(p, Fuse) for m in p.misses()]
+
+
 def fusion_report(before: Graph | Mapping[str, int], after: Graph,
-                  records: Iterable[RewriteRecord] = ()) -> str:
-    """Op counts before -> after (changed ops only), patterns fired, and the fusion groups."""
+                  records: Iterable[RewriteRecord] = (),
+                  misses: Iterable[RewriteMiss] = ()) -> str:
+    """Op counts before -> after (changed ops only), patterns fired, why each pattern that was
+    tried but never fired did not match, and the fusion groups."""
     old = op_counts(before) if isinstance(before, Graph) else Counter(before)
     new = op_counts(after)
     lines = [f"fusion: {sum(old.values())} nodes -> {sum(new.values())} nodes"]
@@ -38,6 +47,7 @@ def fusion_report(before: Graph | Mapping[str, int], after: Graph,
         lines += [f"  {rule:<28}{count:>6}" for rule, count in sorted(fired.items())]
     else:
         lines.append("patterns fired: none")
+    lines += _not_fired(misses, fired)
     changed = sorted(op for op in set(old) | set(new) if old[op] != new[op])
     if changed:
         lines.append(f"op counts:   {'op':<28}{'before':>8}{'after':>8}")
@@ -47,3 +57,22 @@ def fusion_report(before: Graph | Mapping[str, int], after: Graph,
         lines.append(f"fusion groups: {len(groups)} kernels covering {sum(groups.values())} "
                      f"nodes (largest {max(groups.values())})")
     return "\n".join(lines)
+
+
+def _not_fired(misses: Iterable[RewriteMiss], fired: Counter) -> list[str]:
+    """One line per pattern tried at some node but fired nowhere: how many nodes it was tried
+    at, and the first of them with the reason the match stopped there."""
+    first: dict[str, RewriteMiss] = {}
+    tried: Counter = Counter()
+    for miss in misses:
+        if miss.rule not in fired:
+            first.setdefault(miss.rule, miss)
+            tried[miss.rule] += 1
+    if not first:
+        return []
+    lines = ["patterns tried that did not fire (first node tried, and why it did not match):"]
+    for rule in sorted(first):
+        m = first[rule]
+        where = f" at {m.loc}" if m.loc else ""
+        lines.append(f"  {rule:<28}{tried[rule]:>6} node(s); {m.anchor}{where}: {m.reason}")
+    return lines

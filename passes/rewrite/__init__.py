@@ -12,6 +12,7 @@ rewrites are applied and recorded.
 from .builder import RewriteBuilder
 from .driver import (
     RewriteError,
+    RewriteMiss,
     RewriteRecord,
     apply_match,
     apply_rules,
@@ -23,6 +24,7 @@ from .pattern import AnyOf, Capture, Const, OpBuilder, OpPattern, Pattern, Var, 
 from .rule import CheckContext, Rule, RuleSet, rule
 
 __all__ = ["AnyOf", "Capture", "CheckContext", "Const", "MatchResult", "OpBuilder", "OpPattern",
-           "Pattern", "RewriteBuilder", "RewriteError", "RewriteRecord", "Rule", "RuleSet", "Var",
+           "Pattern", "RewriteBuilder", "RewriteError", "RewriteMiss", "RewriteRecord", "Rule",
+           "RuleSet", "Var",
            "apply_match", "apply_rules", "build_pattern", "constant_value", "explain",
            "match_pattern", "restore_topological_order", "rule", "strip", "transparent_input"]

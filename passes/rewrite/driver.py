@@ -47,29 +47,51 @@ class RewriteRecord:
     created: tuple[str, ...]
 
 
-def apply_rules(graph: Graph, rules: RuleSet, max_sweeps: int = 16) -> list[RewriteRecord]:
-    """Rewrite `graph` in place with `rules` until a sweep changes nothing."""
+@dataclass(frozen=True)
+class RewriteMiss:
+    """A rule tried at a node in the last sweep, when no rewrite could change it any more, that
+    did not match: where, and the reason from the deepest point the match reached."""
+
+    rule: str
+    anchor: str
+    loc: str | None
+    reason: str
+
+
+def apply_rules(graph: Graph, rules: RuleSet, max_sweeps: int = 16,
+                misses: list[RewriteMiss] | None = None) -> list[RewriteRecord]:
+    """Rewrite `graph` in place with `rules` until a sweep changes nothing; `misses`, when given,
+    receives every failed attempt of that last sweep (what `--report` explains)."""
     records: list[RewriteRecord] = []
+    last: list[RewriteMiss] = []
     for _ in range(max_sweeps):
-        if not _sweep(graph, rules, records):
+        last = []
+        if not _sweep(graph, rules, records, last if misses is not None else None):
             break
+    if misses is not None:
+        misses.extend(last)
     return records
 
 
-def _sweep(graph: Graph, rules: RuleSet, records: list[RewriteRecord]) -> bool:
+def _sweep(graph: Graph, rules: RuleSet, records: list[RewriteRecord],
+           misses: list[RewriteMiss] | None = None) -> bool:
     changed = False
     users = graph.users()
     budget = _MAX_REWRITES_PER_NODE * max(len(graph.nodes), 1)
     i = 0
     while i < len(graph.nodes) and budget > 0:
         node = graph.nodes[i]
-        found, chosen = None, None
+        found, chosen, failed = None, None, []
         for candidate in rules.for_op(node.op):
             found = candidate.match(graph, node, users)
             if found:
                 chosen = candidate
                 break
+            failed.append((candidate.name, found.reason or "no match"))
         if chosen is None:
+            if misses is not None and node.outputs:
+                anchor = describe(node.outputs[0], graph)
+                misses += [RewriteMiss(rule, anchor, node.loc, why) for rule, why in failed]
             i += 1
             continue
         record, created = apply_match(graph, chosen, found)
