@@ -71,3 +71,27 @@ def test_example_matches_eager_at_three_sizes(name, tmp_path):
     assert (path / "manifest.json").read_bytes() == hashes_before  # nothing recompiled or rewritten
     text = (path / "graph.dzir").read_text()
     assert compiler.ir.print_ir(compiler.ir.parse_ir(text)) == text
+
+
+class CacheStep(torch.nn.Module):
+    """A hand-written decode step: positions and scalars computed from a dynamic cache length
+    (a `constant` and a `full` whose value is the symbol: 'Cannot convert symbols to int' once)."""
+
+    def forward(self, x, past):
+        n = past.shape[1]
+        positions = torch.arange(n, n + x.shape[1])
+        length = torch.tensor(n, dtype=torch.float32)
+        return torch.cat([past, x], 1) * 2 + positions[None, :, None] + torch.full((1,), n) + length
+
+
+@pytest.mark.parametrize("backend", ["reference", "onnxruntime", "triton"])
+def test_values_computed_from_a_dynamic_cache_length(backend, tmp_path):
+    from torch.export import Dim
+
+    model, x = CacheStep(), torch.randn(1, 1, 4)
+    path = compiler.compile(model, (x, torch.randn(1, 5, 4)), out=tmp_path / "step.dz",
+                            backend=backend, dynamic_shapes=({}, {1: Dim("past", max=64)}))
+    loaded = runtime.load(path)
+    for n in (2, 5, 9):
+        past = torch.randn(1, n, 4)
+        assert_fp32_close(loaded(x, past)[0], model(x, past), what=f"past length {n}")

@@ -130,13 +130,25 @@ def repeat(b: Builder, node: Node, x: list) -> list:
     return [b.op1("Tile", [v, b.dims(reps)])]
 
 
+def _symbolic_scalar(b: Builder, value, dtype: DType) -> str:
+    """A 0-d tensor of a size expression (a cache length, say), computed from the input shapes
+    at run time and cast to `dtype`."""
+    scalar = b.scalar_dim(value)
+    return scalar if dtype == DType.i64 else b.op1("Cast", [scalar], to=ONNX_DTYPES[dtype])
+
+
 def constant(b: Builder, node: Node, x: list) -> list:
-    return [b.const(node.attrs["value"], node.attrs["dtype"])]
+    value, dtype = node.attrs["value"], node.attrs["dtype"]
+    if getattr(value, "free_symbols", None):
+        return [_symbolic_scalar(b, value, dtype)]
+    return [b.const(value, dtype)]
 
 
 def full(b: Builder, node: Node, x: list) -> list:
-    value = fill_value(node.attrs["value"], node.attrs["dtype"])
-    return [b.op1("ConstantOfShape", [b.dims(list(node.attrs["shape"]))], value=value)]
+    value, dtype, shape = node.attrs["value"], node.attrs["dtype"], list(node.attrs["shape"])
+    if getattr(value, "free_symbols", None):
+        return [b.op1("Expand", [_symbolic_scalar(b, value, dtype), b.dims(shape)])]
+    return [b.op1("ConstantOfShape", [b.dims(shape)], value=fill_value(value, dtype))]
 
 
 def arange(b: Builder, node: Node, x: list) -> list:

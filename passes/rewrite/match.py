@@ -88,7 +88,9 @@ def constant_value(graph: Graph | None, value: Value | None) -> float | int | bo
         if node is None:
             return _weight_scalar(graph, value)
         if node.op in _SCALAR_SOURCES:
-            return node.attrs["value"]
+            found = node.attrs["value"]
+            # a size expression (`constant {value=s0}`: a cache length) is no known number
+            return None if getattr(found, "free_symbols", None) else found
         if node.op not in _SCALAR_FORWARDERS:
             return None
         if node.op == "cast":
