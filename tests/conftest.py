@@ -47,22 +47,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 # at the end of every run prints each area against its budget (a report, not a timed test: the
 # machine is shared and noisy). An area over budget moves its long cases to a sweep
 # (tests/sweeps.py) or makes them cheaper.
-AREA_BUDGETS: dict[str, float] = {
-    "tests/backends": 330.0,
-    "tests/compiler": 240.0,
+AREA_BUDGETS: dict[str, float] = {  # measured 2026-12-01 in a clean-clone .ci/run, +20-30%
+    "tests/backends": 480.0,  # 391 s: Triton's interpreter on whole models, the ORT conformance
+    "tests/compiler": 420.0,  # 358 s: the OpInfo sample, the frontend's transformers models
+    "tests/runtime": 150.0,  # 101 s: two-rank launches
     "tests/passes": 120.0,
-    "tests/runtime": 150.0,
-    "tests/tools": 120.0,
-    "tests/regression": 60.0,
-    "tests/benchmarks": 30.0,
-    "tests/test_end_to_end.py": 30.0,
+    "tests/tools": 60.0,
+    "tests/regression": 40.0,
+    "tests/benchmarks": 20.0,
+    "tests/*.py": 200.0,  # end to end: non-finite values on every backend, the docs' commands
 }
 _area_seconds: dict[str, float] = defaultdict(float)
 
 
 def _area(nodeid: str) -> str:
     parts = nodeid.split("::", 1)[0].split("/")
-    return "/".join(parts[:2])
+    return "tests/*.py" if len(parts) == 2 else "/".join(parts[:2])
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
