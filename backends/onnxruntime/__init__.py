@@ -120,6 +120,7 @@ class OnnxRuntimeBackend(Backend):
         spinning: they belong to the machine that runs the model); `auto` spinning is decided
         now, from `load_average` (injectable for tests)."""
         from .executable import OrtExecutable
+        from .io_check import check_io
         from .session import create_session
 
         record = read_record(artifact)
@@ -138,6 +139,7 @@ class OnnxRuntimeBackend(Backend):
                                str(model_path),
                                "use onnxruntime >= 1.18, or recompile the artifact with the "
                                "onnxruntime installed here") from exc
+        check_io(ort_session, artifact.manifest, record, str(model_path))
         return OrtExecutable(ort_session, record, settings)
 
     def observe(self, artifact: ArtifactView, values, *,

@@ -336,3 +336,28 @@ def test_outputs_that_are_inputs_weights_constants_or_repeated(tmp_path):
     assert len(got) == 5
     for g_, w_ in zip(got, want):
         np.testing.assert_array_equal(g_, w_)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda m: m["inputs"][0].update(dtype="i64"),
+     "takes input 'x' as tensor(float), but its spec is i64 (tensor(int64))"),
+    (lambda m: m["inputs"][0].update(shape=["s0", 4, 1]),
+     "gives input 'x' the shape ['s0', 4], but its spec is ['s0', 4, 1]"),
+    (lambda m: m["outputs"][0].update(shape=["s0", 5]),
+     "gives output 'y' the shape ['s0', 3], but its spec is ['s0', 5]"),
+    (lambda m: m["outputs"].append(dict(m["outputs"][0], name="z")),
+     "has 1 outputs (y), but manifest.json lists 2"),
+])
+def test_specs_that_disagree_with_the_model_are_refused_at_load(tmp_path, edit, message):
+    """manifest.json is not hashed (it holds the hashes): an edited spec must not make the model
+    answer with tensors its specs do not describe."""
+    from runtime.artifact_writer import write_artifact
+    from tests.runtime.conftest import mlp_graph
+
+    out = write_artifact(tmp_path / "m.dz", mlp_graph(), "onnxruntime")
+    manifest = json.loads((out / "manifest.json").read_text())
+    edit(manifest)
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError) as info:
+        runtime.load(out)
+    assert message in info.value.what
