@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib.util
 import sys
 import traceback
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,19 +41,33 @@ def load_spec(spec: str, seq_range: tuple[int, int] | None = None) -> ModelSpec:
                            "name a Python file and a function in it, e.g. examples/mlp.py:build")
     if not path.is_file():
         raise DayzeroError(f"SPEC file {path} does not exist", spec, "check the path")
-    module = _import_file(path)
-    builder = getattr(module, function, None)
-    if not callable(builder):
-        names = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
-        raise DayzeroError(f"{path} has no function '{function}'", spec,
-                           f"functions there: {', '.join(names) or 'none'}")
-    try:
-        result = builder()
-    except Exception as exc:
-        raise DayzeroError(f"{spec} raised {type(exc).__name__}: {exc}", _user_frame(exc, path),
-                           "fix the function; run it directly with --debug for the traceback") \
-            from exc
+    with _importable_beside(path):  # a SPEC file imports the modules next to it
+        module = _import_file(path)
+        builder = getattr(module, function, None)
+        if not callable(builder):
+            names = sorted(n for n, v in vars(module).items()
+                           if callable(v) and not n.startswith("_"))
+            raise DayzeroError(f"{path} has no function '{function}'", spec,
+                               f"functions there: {', '.join(names) or 'none'}")
+        try:
+            result = builder()
+        except Exception as exc:
+            raise DayzeroError(f"{spec} raised {type(exc).__name__}: {exc}",
+                               _user_frame(exc, path), "fix the function; run it directly with "
+                               "--debug for the traceback") from exc
     return _check_result(result, spec)
+
+
+@contextmanager
+def _importable_beside(path: Path) -> Iterator[None]:
+    """The SPEC file's folder first on sys.path while it is imported and its function runs,
+    as `python file.py` would have it."""
+    folder = str(path.resolve().parent)
+    sys.path.insert(0, folder)
+    try:
+        yield
+    finally:
+        sys.path.remove(folder)
 
 
 def _load_checkpoint(spec: str, seq_range: tuple[int, int] | None) -> ModelSpec:
@@ -95,6 +111,10 @@ def _check_result(result: Any, spec: str) -> ModelSpec:
     if not isinstance(module, torch.nn.Module):
         raise DayzeroError(f"{spec} returned {type(module).__name__} as the model", spec,
                            f"return a torch.nn.Module first: {_RETURN_SHAPE}")
+    from .hf_models import is_pretrained, wrap_pretrained
+
+    if is_pretrained(module) and isinstance(inputs, (tuple, Mapping)):
+        module, inputs = wrap_pretrained(module, inputs, spec)
     if not isinstance(inputs, tuple):
         raise DayzeroError(f"{spec} returned example inputs of type {type(inputs).__name__}", spec,
                            f"return the example inputs as a tuple: {_RETURN_SHAPE}")

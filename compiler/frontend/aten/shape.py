@@ -131,18 +131,20 @@ def _slice_start(em: Emitter, start, size):
     ranges = em.graph.symbols
     if isinstance(start, int) and isinstance(size, int):
         return min(max(start + size if start < 0 else start, 0), size)
-    sign = _sign(start, ranges)
-    if sign is not None and sign < 0:
+    lo, hi = _bounds(start, ranges)
+    if hi < 0:  # counts from the end everywhere
         start = normalize(sympy.simplify(size + start))
-        sign = _sign(start, ranges)
-    if sign is None or sign < 0:
+        lo, hi = _bounds(start, ranges)
+    if lo < 0:
         raise Unsupported(f"slice start {start} may lie before the start of the dim; export "
                           "with a range that decides it")
-    past = _sign(normalize(sympy.simplify(start - size)), ranges)
-    if past is None:
-        raise Unsupported(f"slice start {start} may lie past the end of the dim ({size}); "
-                          "export with a range that decides it")
-    return size if past > 0 else start
+    past_lo, past_hi = _bounds(normalize(sympy.simplify(start - size)), ranges)
+    if past_hi <= 0:  # never past the end (or exactly at it)
+        return start
+    if past_lo >= 0:  # always at or past the end: an empty slice at the end
+        return size
+    raise Unsupported(f"slice start {start} may lie past the end of the dim ({size}); "
+                      "export with a range that decides it")
 
 
 def _slice(em: Emitter, x, dim: int, start, length, step: int, index: int = 0):
