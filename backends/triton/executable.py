@@ -111,6 +111,8 @@ def import_kernels(source: str, cache: str | os.PathLike | None = None) -> Any:
     module.__file__ = filename
     # mtime None: linecache never re-checks (or re-reads) the file for this entry
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    # `source` is what this package's code generator produced from the verified graph at this
+    # load (backends/triton/__init__.py regenerates it); no text of the artifact is executed
     exec(code, module.__dict__)
     return module
 
