@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import warnings
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from backends.base import ArtifactView, Backend, Capabilities, WeightLocation
@@ -139,7 +140,8 @@ class OnnxRuntimeBackend(Backend):
                                str(model_path),
                                "use onnxruntime >= 1.18, or recompile the artifact with the "
                                "onnxruntime installed here") from exc
-        check_io(ort_session, artifact.manifest, record, str(model_path))
+        if _is_whole_model(artifact, model_file, model_path):  # a segment has its own inputs
+            check_io(ort_session, artifact.manifest, record, str(model_path))
         return OrtExecutable(ort_session, record, settings)
 
     def observe(self, artifact: ArtifactView, values, *,
@@ -152,6 +154,13 @@ class OnnxRuntimeBackend(Backend):
         model_path = artifact.payload_path(model_file)
         _check_weights(model_path.read_bytes(), model_path, artifact)
         return observer(artifact, values, model_file, session)
+
+
+def _is_whole_model(artifact: ArtifactView, model_file: str, model_path: Path) -> bool:
+    """Whether this payload is the artifact's own model, whose inputs and outputs the manifest
+    describes (not a partition's segment or a fallback segment, each with its own)."""
+    own = Path(artifact.root) / "backend" / model_file
+    return own.resolve() == Path(model_path).resolve()
 
 
 def select_model(record: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
