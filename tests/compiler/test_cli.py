@@ -17,13 +17,6 @@ ROOT = Path(__file__).resolve().parents[2]
 MLP = f"{ROOT}/examples/mlp.py:build"
 
 
-@pytest.fixture(scope="module")
-def artifact(tmp_path_factory):
-    out = tmp_path_factory.mktemp("cli") / "mlp.dz"
-    assert main(["compile", MLP, "-o", str(out), "--backend", "reference"]) == 0
-    return out
-
-
 def test_compile_logs_each_stage(tmp_path, capsys):
     out = tmp_path / "m.dz"
     dump = tmp_path / "ir"
@@ -38,22 +31,22 @@ def test_compile_logs_each_stage(tmp_path, capsys):
     assert (out / "manifest.json").is_file()
 
 
-def test_existing_output_is_refused_unless_forced(artifact, capsys):
-    before = (artifact / "manifest.json").read_bytes()
-    assert main(["compile", MLP, "-o", str(artifact), "--backend", "reference"]) == 1
+def test_existing_output_is_refused_unless_forced(mlp_artifact, capsys):
+    before = (mlp_artifact / "manifest.json").read_bytes()
+    assert main(["compile", MLP, "-o", str(mlp_artifact), "--backend", "reference"]) == 1
     assert "already exists" in capsys.readouterr().err
-    assert (artifact / "manifest.json").read_bytes() == before
-    assert main(["compile", MLP, "-o", str(artifact), "--backend", "reference", "--force"]) == 0
+    assert (mlp_artifact / "manifest.json").read_bytes() == before
+    assert main(["compile", MLP, "-o", str(mlp_artifact), "--backend", "reference", "--force"]) == 0
 
 
-def test_run_with_files_matches_api(artifact, tmp_path, capsys):
-    model = runtime.load(artifact)
+def test_run_with_files_matches_api(mlp_artifact, tmp_path, capsys):
+    model = runtime.load(mlp_artifact)
     spec = model.input_specs[0]
     x = np.random.default_rng(0).standard_normal(
         [d if isinstance(d, int) else 3 for d in spec.shape]).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
     out = tmp_path / "out.npz"
-    assert main(["run", str(artifact), "--input", f"{spec.name}=" + str(tmp_path / "x.npy"),
+    assert main(["run", str(mlp_artifact), "--input", f"{spec.name}=" + str(tmp_path / "x.npy"),
                  "--output", str(out)]) == 0
     saved = np.load(out)
     expected = model(x)
@@ -61,20 +54,20 @@ def test_run_with_files_matches_api(artifact, tmp_path, capsys):
     assert "ran in" in capsys.readouterr().out
 
 
-def test_run_generates_inputs_within_specs(artifact, capsys):
-    assert main(["run", str(artifact)]) == 0
+def test_run_generates_inputs_within_specs(mlp_artifact, capsys):
+    assert main(["run", str(mlp_artifact)]) == 0
     assert "inputs: generated" in capsys.readouterr().out
 
 
-def test_inspect_artifact_and_dzir(artifact, tmp_path, capsys):
-    assert main(["inspect", str(artifact)]) == 0
+def test_inspect_artifact_and_dzir(mlp_artifact, tmp_path, capsys):
+    assert main(["inspect", str(mlp_artifact)]) == 0
     text = capsys.readouterr().out
     assert "backend reference" in text and "\ngraph " in text
     dzir = tmp_path / "g.dzir"
-    dzir.write_text((artifact / "graph.dzir").read_text())
+    dzir.write_text((mlp_artifact / "graph.dzir").read_text())
     assert main(["inspect", str(dzir)]) == 0
     assert capsys.readouterr().out == dzir.read_text()
-    assert main(["inspect", str(artifact), "--json"]) == 0
+    assert main(["inspect", str(mlp_artifact), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["manifest"]["backend"] == "reference"
 

@@ -19,14 +19,6 @@ ROOT = Path(__file__).resolve().parents[2]
 MLP = f"{ROOT}/examples/mlp.py:build"
 
 
-@pytest.fixture(scope="module")
-def mlp(tmp_path_factory):
-    """examples/mlp.py on the reference backend: input `input` f32[s0, 32], s0 = Dim batch."""
-    out = tmp_path_factory.mktemp("first") / "mlp.dz"
-    assert main(["compile", MLP, "-o", str(out), "--backend", "reference"]) == 0
-    return out
-
-
 def _spec_file(tmp_path: Path, body: str) -> Path:
     path = tmp_path / "spec.py"
     path.write_text("import torch\n" + body)
@@ -109,28 +101,29 @@ def test_compile_help_lists_passes_and_default_pipelines(capsys):
 
 # -- run: --size, --check, --input, --output ---------------------------------------------------
 
-def test_size_takes_the_dim_name_or_the_symbol(mlp, capsys):
-    assert json.loads((mlp / "manifest.json").read_text())["symbol_aliases"] == {"batch": "s0"}
-    assert main(["run", str(mlp), "--size", "batch=3"]) == 0
+def test_size_takes_the_dim_name_or_the_symbol(mlp_artifact, capsys):
+    manifest = json.loads((mlp_artifact / "manifest.json").read_text())
+    assert manifest["symbol_aliases"] == {"batch": "s0"}
+    assert main(["run", str(mlp_artifact), "--size", "batch=3"]) == 0
     assert "inputs: generated input[3, 32]" in capsys.readouterr().out
-    assert main(["run", str(mlp), "--size", "s0=5"]) == 0
+    assert main(["run", str(mlp_artifact), "--size", "s0=5"]) == 0
     assert "inputs: generated input[5, 32]" in capsys.readouterr().out
 
 
-def test_inspect_lists_the_size_symbols_and_their_dim_names(mlp, capsys):
-    assert main(["inspect", str(mlp)]) == 0
+def test_inspect_lists_the_size_symbols_and_their_dim_names(mlp_artifact, capsys):
+    assert main(["inspect", str(mlp_artifact)]) == 0
     assert "# size symbols (dayzero run --size NAME=N): s0 (batch) in [1, 1024]\n" in \
         capsys.readouterr().out
 
 
-def test_size_with_an_unknown_name_lists_the_known_ones(mlp, capsys):
-    assert main(["run", str(mlp), "--size", "seq=300"]) == 1
+def test_size_with_an_unknown_name_lists_the_known_ones(mlp_artifact, capsys):
+    assert main(["run", str(mlp_artifact), "--size", "seq=300"]) == 1
     err = capsys.readouterr().err
     assert "no size symbol 'seq'" in err and "its symbols are s0 (batch)" in err
 
 
-def test_size_outside_its_range_names_symbol_and_range(mlp, capsys):
-    assert main(["run", str(mlp), "--size", "batch=99999999999999999999"]) == 1
+def test_size_outside_its_range_names_symbol_and_range(mlp_artifact, capsys):
+    assert main(["run", str(mlp_artifact), "--size", "batch=99999999999999999999"]) == 1
     err = capsys.readouterr().err
     assert "outside the range of s0 (batch), [1, 1024]" in err and "internal error" not in err
 
@@ -147,8 +140,8 @@ def test_huge_size_of_an_unbounded_symbol_is_refused(tmp_path, capsys):
     assert "would take" in err and "GiB" in err and "internal error" not in err
 
 
-def test_check_says_whether_outputs_match_eager(mlp, tmp_path, capsys):
-    assert main(["run", str(mlp), "--check", MLP]) == 0
+def test_check_says_whether_outputs_match_eager(mlp_artifact, tmp_path, capsys):
+    assert main(["run", str(mlp_artifact), "--check", MLP]) == 0
     out = capsys.readouterr().out
     assert "matches PyTorch eager within" in out and "1e-5 x max(1, max|eager|)" in out
     assert "outputs discarded (--output FILE.npz keeps them)" in out
@@ -159,28 +152,28 @@ def test_check_says_whether_outputs_match_eager(mlp, tmp_path, capsys):
                        "    with torch.no_grad():\n"
                        "        model[0].bias.add_(1.0)\n"
                        "    return model, inputs, dyn\n")
-    assert main(["run", str(mlp), "--check", f"{other}:build"]) == 1
+    assert main(["run", str(mlp_artifact), "--check", f"{other}:build"]) == 1
     err = capsys.readouterr().err
     assert "output out differs from PyTorch eager: max abs error" in err
 
 
-def test_input_from_npz_by_name_or_only_array(mlp, tmp_path, capsys):
+def test_input_from_npz_by_name_or_only_array(mlp_artifact, tmp_path, capsys):
     x = np.random.default_rng(0).standard_normal((2, 32)).astype(np.float32)
     np.savez(tmp_path / "one.npz", anything=x)
     np.savez(tmp_path / "named.npz", input=x, other=x[:1])
     np.savez(tmp_path / "two.npz", a=x, b=x)
     for file in ("one.npz", "named.npz"):
-        assert main(["run", str(mlp), "--input", f"input={tmp_path / file}"]) == 0
+        assert main(["run", str(mlp_artifact), "--input", f"input={tmp_path / file}"]) == 0
         assert "out: float32[2, 16]" in capsys.readouterr().out
-    assert main(["run", str(mlp), "--input", f"input={tmp_path / 'two.npz'}"]) == 1
+    assert main(["run", str(mlp_artifact), "--input", f"input={tmp_path / 'two.npz'}"]) == 1
     err = capsys.readouterr().err
     assert "holds several arrays (a, b) and none is called 'input'" in err
     assert "<U" not in err
 
 
-def test_run_output_to_a_bad_place_is_a_user_error(mlp, tmp_path, capsys):
+def test_run_output_to_a_bad_place_is_a_user_error(mlp_artifact, tmp_path, capsys):
     (tmp_path / "file").write_text("")
-    assert main(["run", str(mlp), "--output", str(tmp_path / "file" / "out.npz")]) == 1
+    assert main(["run", str(mlp_artifact), "--output", str(tmp_path / "file" / "out.npz")]) == 1
     err = capsys.readouterr().err
     assert "cannot write" in err and "internal error" not in err
 
@@ -247,11 +240,11 @@ def test_compile_says_what_quantization_covered(tmp_path, capsys):
 
 # -- inspect reads only what the manifest lists and the loader checked -------------------------
 
-def test_inspect_does_not_follow_the_manifest_out_of_the_artifact(mlp, tmp_path, capsys):
+def test_inspect_does_not_follow_the_manifest_out_of_the_artifact(mlp_artifact, tmp_path, capsys):
     import shutil
 
     bad = tmp_path / "bad.dz"
-    shutil.copytree(mlp, bad)
+    shutil.copytree(mlp_artifact, bad)
     manifest = json.loads((bad / "manifest.json").read_text())
     manifest["parallel"]["world_size"] = 2  # take inspect's partitioned-artifact path
     for target in ("/etc/passwd", "../../outside.dzir", "unlisted.dzir"):
