@@ -8,6 +8,7 @@ anything else is refused. Arithmetic is exact (fractions), as sympy's is.
 from __future__ import annotations
 
 import ast
+import functools
 import math
 import operator
 from collections.abc import Mapping
@@ -48,6 +49,13 @@ def parse_dim(text: str) -> ast.expr:
     if not isinstance(text, str) or len(text) > MAX_DIM_CHARS:
         raise _bad(text if isinstance(text, str) else repr(text)[:40],
                    f"more than {MAX_DIM_CHARS} characters" if isinstance(text, str) else None)
+    return _parsed(text)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed(text: str) -> ast.expr:
+    """parse_dim's work, once per dim string: a loaded model validates its inputs and checks
+    its outputs against the same few strings on every call (a failure is not cached)."""
     try:
         tree = ast.parse(text, mode="eval").body
     except (SyntaxError, ValueError, RecursionError, MemoryError):
@@ -102,11 +110,11 @@ def _degree(node: ast.expr, text: str) -> int:
     return left * exponent.value
 
 
-def dim_symbols(text: str) -> set[str]:
+def dim_symbols(text: str) -> frozenset[str]:
     """Size symbols a dim string mentions."""
     nodes = list(ast.walk(parse_dim(text)))
     called = {n.func.id for n in nodes if isinstance(n, ast.Call)}
-    return {n.id for n in nodes if isinstance(n, ast.Name)} - called
+    return frozenset({n.id for n in nodes if isinstance(n, ast.Name)} - called)
 
 
 def eval_dim(text: str, bindings: Mapping[str, int]) -> int:
