@@ -169,6 +169,9 @@ def test_the_block_runs_the_fused_kernels(tmp_path):
             "com.microsoft.QuickGelu", "com.microsoft.SkipLayerNormalization"} <= \
         _variants(Block().eval(), inputs, "onnxruntime", tmp_path)
     assert "com.microsoft.MultiHeadAttention" in _variants(
+        Attention(False), tuple(_attention_inputs()), "onnxruntime", tmp_path)
+    # causal attention is never given to MultiHeadAttention (it adds its causal mask)
+    assert "com.microsoft.MultiHeadAttention" not in _variants(
         Attention(True), tuple(_attention_inputs()), "onnxruntime", tmp_path)
 
 
@@ -220,6 +223,27 @@ def test_attention_with_a_nonfinite_input(backend, causal, tensor, index, value,
     model = Attention(causal)
     want = eager(model, inputs)
     assert not np.isfinite(want[0]).all() and np.isfinite(want[0]).any()
+    assert_like_eager(compile_and_run(model, tuple(inputs), backend, tmp_path), want)
+
+
+@pytest.mark.parametrize("backend", BACKENDS + ["onnxruntime-standard"])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_attention_with_a_nonfinite_key(backend, causal, value, tmp_path):
+    """A NaN or Inf in key 4 of 7 reaches the rows that see it and, under is_causal, not the
+    rows before it: torch's default is_causal kernel replaces hidden scores by -inf (its math
+    backend adds the mask, NaN + -inf, and makes every row NaN). Every lowering dayzero picks
+    follows the default kernel: ORT's MultiHeadAttention is not picked for causal attention."""
+    inputs = _attention_inputs()
+    inputs[1][1, 2, 4, 3] = value
+    model = Attention(causal)
+    with torch.no_grad():
+        want = [model(*inputs).numpy()]
+    rows = np.isnan(want[0][1, 2]).any(-1)
+    if value != value:  # NaN: every row that sees key 4
+        assert rows.tolist() == [not causal] * 4 + [True] * 3
+    if causal:  # rows 0-3 do not see it; an Inf key gives NaN or weight 0 by q's sign
+        assert np.isfinite(want[0][1, 2, :4]).all() and rows.any()
     assert_like_eager(compile_and_run(model, tuple(inputs), backend, tmp_path), want)
 
 

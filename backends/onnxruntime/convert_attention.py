@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from compiler.ir import DType, Node
-from compiler.ir.symbolic import equal, is_static
+from compiler.ir.symbolic import is_static
 
 from .builder import ONNX_DTYPES, Builder, fill_value
 from .convert_elementwise import in_dtype
@@ -47,14 +47,18 @@ def mask_terms(b: Builder, node: Node, mask: str | None,
     return b.memo(("attention-mask", mask, dtype), make)
 
 
-def _causal(b: Builder, node: Node) -> str:
-    """torch's is_causal: lower-left triangle of an [S, L] grid (top-left aligned)."""
+def _hide_future(b: Builder, node: Node, scores: str) -> str:
+    """torch's is_causal: keep the lower-left triangle of an [S, L] grid (top-left aligned).
+
+    The hidden scores are replaced by -inf, not added to: a NaN or Inf in a key after the row's
+    position must not reach that row, as in torch's default is_causal kernel and dayzero's own
+    attention kernels (NaN + -inf would be NaN, which is what an additive mask gives).
+    """
     q, k = node.inputs[0].type, node.inputs[1].type
     grid = b.op1("ConstantOfShape", [b.dims([q.shape[-2], k.shape[-2]])],
                  value=fill_value(True, DType.bool))
     keep = b.op1("Trilu", [grid, b.const(0, DType.i64)], upper=0)
-    dtype = in_dtype(node)
-    return b.op1("Where", [keep, b.const(0.0, dtype), b.const(-math.inf, dtype)])
+    return b.op1("Where", [keep, scores, b.const(-math.inf, in_dtype(node))])
 
 
 def _repeat_heads(b: Builder, node: Node, i: int, name: str) -> str:
@@ -84,11 +88,18 @@ def sdpa(b: Builder, node: Node, x: list) -> list:
     scores = b.op1("MatMul", [q, b.op1("Transpose", [k], perm=perm)])
     scores = b.op1("Mul", [scores, b.const(_scale(node), dtype)])
     bias, valid = mask_terms(b, node, mask)
-    for term in (bias, _causal(b, node) if node.attrs["is_causal"] else None):
-        if term is not None:
-            scores = b.op1("Add", [scores, term])
+    if bias is not None:
+        scores = b.op1("Add", [scores, bias])
+    if node.attrs["is_causal"]:
+        scores = _hide_future(b, node, scores)
     out = b.op1("MatMul", [b.op1("Softmax", [scores], axis=-1), v])
     return [out if valid is None else b.op1("Mul", [out, valid])]
+
+
+# MultiHeadAttention's unidirectional mode adds its mask to the scores, so a NaN or Inf in a key
+# after a row's position reaches that row; torch's is_causal hides it (see _hide_future).
+CAUSAL_MHA = ("is_causal: MultiHeadAttention adds the causal mask, so a non-finite key after a "
+              "row's position would reach that row (torch's is_causal hides it)")
 
 
 def mha_fits(node: Node) -> str | None:
@@ -102,12 +113,10 @@ def mha_fits(node: Node) -> str | None:
         return "value head size differs from the query's"
     if k.shape[1] != q.shape[1] and not node.attrs["enable_gqa"]:
         return "key heads differ from query heads without enable_gqa"
-    if node.attrs["is_causal"] and node.inputs[3] is not None:
-        return "both a mask and is_causal"
+    if node.attrs["is_causal"]:
+        return CAUSAL_MHA
     if node.attrs["scale"] == 0:
         return "MultiHeadAttention reads scale 0 as 1 / sqrt(head_size)"
-    if node.attrs["is_causal"] and not equal(q.shape[2], k.shape[2]):
-        return "is_causal with query and key lengths that may differ (ORT aligns them bottom-right)"
     mask = node.inputs[3]
     if mask is not None and (mask.type.rank > 4 or not mask.type.dtype.is_float
                              and mask.type.dtype != DType.bool):
@@ -128,8 +137,7 @@ def mha(b: Builder, node: Node, x: list) -> list:
         bias = attention_bias(b, node.inputs[3].type, q_t.shape[2],
                               node.inputs[1].type.shape[2], bias)
     out = b.op1("MultiHeadAttention", [query, k, v, None, None, bias], domain="com.microsoft",
-                num_heads=int(heads), scale=_scale(node),
-                unidirectional=int(bool(node.attrs["is_causal"])))
+                num_heads=int(heads), scale=_scale(node))
     out = b.op1("Reshape", [out, b.dims([batch, seq, heads, size])])
     out = b.op1("Transpose", [out], perm=[0, 2, 1, 3])
     return [out if valid is None else b.op1("Mul", [out, valid])]

@@ -30,7 +30,7 @@ from compiler.ir import DType, Node, Value, get_op
 from compiler.ir.symbolic import equal
 
 from .builder import ONNX_DTYPES, Builder
-from .convert_attention import attention_bias, mask_terms
+from .convert_attention import CAUSAL_MHA, attention_bias, mask_terms
 from .native_ops import DOMAIN as NATIVE_DOMAIN
 from .position_tables import precomputed_table
 
@@ -231,8 +231,8 @@ def mha_fits(node: Node) -> str | None:
         return "rotary runs inside GroupQueryAttention only"
     if q.dtype != DType.f32:
         return "MultiHeadAttention's CPU kernel is float32 only"
-    if node.attrs["is_causal"] and (mask is not None or not equal(q.shape[1], k.shape[1])):
-        return "is_causal with a mask, or with lengths that may differ"
+    if node.attrs["is_causal"]:
+        return CAUSAL_MHA
     if mask is not None:
         if mask.type.rank > 4 or not (mask.dtype.is_float or mask.dtype == DType.bool):
             return "the mask is not a bool or float mask of rank <= 4"
@@ -253,8 +253,7 @@ def mha(b: Builder, node: Node, x: list) -> list:
         bias = attention_bias(b, node.inputs[5].type, query.shape[1], key.shape[1], bias)
     scale = node.attrs["scale"]
     out = b.op1("MultiHeadAttention", [q, k, v, None, None, bias], domain=MS, num_heads=heads,
-                scale=float(1.0 / math.sqrt(size) if scale is None else scale),
-                unidirectional=int(bool(node.attrs["is_causal"])))
+                scale=float(1.0 / math.sqrt(size) if scale is None else scale))
     if valid is None:
         return [out]
     rank = node.inputs[5].type.rank  # valid is the mask's shape with the key axis 1

@@ -31,7 +31,9 @@ S = symbol("s0")
 
 
 def block_graph(seed: int = 0) -> Graph:
-    """A transformer block over x: f32[1, s0, 32]: rms_norm, q/k/v, attention, gelu MLP."""
+    """An encoder block over x: f32[1, s0, 32]: rms_norm, q/k/v, attention, gelu MLP. The
+    attention is not causal: MultiHeadAttention is picked only for attention without is_causal
+    (see convert_attention.CAUSAL_MHA)."""
     gen = torch.Generator().manual_seed(seed)
     g = Graph()
     g.symbols["s0"] = (2, 256)
@@ -44,7 +46,7 @@ def block_graph(seed: int = 0) -> Graph:
     for name in ("q", "k", "v"):
         p = node("linear", [h, w(f"{name}_proj", 32, 32), None])
         heads.append(node("permute", [node("reshape", [p], shape=[1, S, 4, 8])], dims=[0, 2, 1, 3]))
-    a = node("scaled_dot_product_attention", [*heads, None], is_causal=True)
+    a = node("scaled_dot_product_attention", [*heads, None], is_causal=False)
     a = node("reshape", [node("permute", [a], dims=[0, 2, 1, 3])], shape=[1, S, 32])
     x = node("add", [x, a])
     m = node("gelu", [node("linear", [x, w("up", 64, 32), w("up_b", 64)])])

@@ -6,6 +6,8 @@ fusion patterns produce them.
 
 from __future__ import annotations
 
+import math
+
 from ..symbolic import equal
 from ..types import TensorType
 from . import shape_rules as rules
@@ -156,12 +158,32 @@ def _sdpa_rule(types, attrs):
 def _sdpa(q, k, v, mask, is_causal, scale, enable_gqa):
     # The math backend: torch's default CPU kernel (flash attention) drops a NaN query row for
     # some shapes (torch 2.13: q [2, 4, 7, 8] with one NaN gives no NaN), and the reference
-    # must not lose a NaN (tests/test_nonfinite.py).
+    # must not lose a NaN (tests/test_nonfinite.py). is_causal is computed here, not by the
+    # math backend, which adds -inf to the hidden scores: a NaN or Inf key after a row's
+    # position would make that row NaN, where torch's default is_causal kernel (and every
+    # kernel dayzero lowers to) hides it.
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    if is_causal:
+        return _causal_sdpa(q, k, v, scale, enable_gqa)
     with sdpa_kernel(SDPBackend.MATH):
         return _F().scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
                                                  scale=scale, enable_gqa=enable_gqa)
+
+
+def _causal_sdpa(q, k, v, scale, enable_gqa):
+    """softmax(q k^T * scale with the hidden scores replaced by -inf) v, in the dense order of
+    the math backend (so a NaN or Inf in v still reaches every row: 0 * NaN is NaN)."""
+    import torch
+
+    if enable_gqa and q.dim() >= 3 and k.shape[-3] != q.shape[-3]:
+        rep = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(rep, dim=-3), v.repeat_interleave(rep, dim=-3)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = (q @ k.transpose(-2, -1)) * scale
+    keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+    scores = scores.masked_fill(~keep, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
 
 
 define("scaled_dot_product_attention", "q k v mask?", _sdpa_rule, _sdpa, "attention",
