@@ -413,3 +413,44 @@ def test_an_explicit_scale_of_zero_is_not_read_as_the_default():
         assert fits(out.producer) is None, name
         out.producer.attrs["scale"] = 0.0
         assert "scale 0" in fits(out.producer), name
+
+
+def test_out_of_memory_is_an_error_status_not_a_crash():
+    """With the address space capped just above what ONNX Runtime needs for the output, the
+    kernel's packed k and v (twice the key bytes) cannot be allocated: the call fails with the
+    kernel's own message, and the process goes on to run the next call. Run in a subprocess,
+    since the cap is process-wide."""
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[2])
+    code = textwrap.dedent(f"""
+        import resource, sys
+        import numpy as np
+        sys.path.insert(0, {root!r})
+        from tests.backends.test_onnxruntime_native import model, session
+        s = session(model(8, 8, False, False), threads=1)
+        x = np.ones((1, 16384, 8 * 128), np.float32)  # 64 MB each; packed k and v: 128 MB
+        small = np.ones((1, 4, 8 * 128), np.float32)
+        s.run(None, {{"q": small, "k": small, "v": small}})
+        page = resource.getpagesize()
+        with open("/proc/self/statm") as f:
+            used = int(f.read().split()[0]) * page
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        resource.setrlimit(resource.RLIMIT_AS, (used + x.nbytes + (48 << 20), hard))
+        try:
+            s.run(None, {{"q": x, "k": x, "v": x}})
+            print("RAN")
+        except Exception as e:
+            print("ERROR", e)
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+        out = s.run(None, {{"q": small, "k": small, "v": small}})[0]
+        print("NEXT", out.shape, bool(np.isfinite(out).all()))
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "ERROR" in result.stdout and "out of memory" in result.stdout, result.stdout
+    assert "NEXT (1, 4, 1024) True" in result.stdout
