@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import linecache
 import os
-import stat
 import tempfile
 import types
 from collections.abc import Mapping, Sequence
@@ -29,10 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from compiler.errors import DayzeroError, InputError
+from compiler.errors import InputError
 from compiler.ir import Graph, get_op, symbolic
 from compiler.ir.ops.registry import META_ATTRS
 
+from ..user_cache import user_cache_dir
 from . import matmul
 from .autotune import Autotuner
 from .plan import Step, sha256
@@ -40,43 +40,9 @@ from .plan import Step, sha256
 _MAX_BLOCK = 1024
 
 
-CACHE_ENV = "DAYZERO_CACHE_DIR"
-
-
 def cache_dir(override: str | os.PathLike | None = None) -> Path:
-    """The per-user folder kernel modules are written to, created 0700 if missing.
-
-    `override` (the backend's `cache_dir` option), else `$DAYZERO_CACHE_DIR/triton`, else
-    `$XDG_CACHE_HOME/dayzero/triton`, else `~/.cache/dayzero/triton`. A shared, predictable folder
-    (the old `/tmp/dayzero_triton`) let another local user swap a kernel file between our check
-    and the import, so a folder that is not ours or that others may write to is refused.
-    """
-    if override:
-        folder = Path(override)
-    elif os.environ.get(CACHE_ENV):
-        folder = Path(os.environ[CACHE_ENV]) / "triton"
-    else:
-        base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-        folder = Path(base) / "dayzero" / "triton"
-    folder = folder.expanduser()
-    try:
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        info = folder.stat()
-    except OSError as exc:
-        raise DayzeroError(f"cannot create the kernel cache folder: {exc}", str(folder),
-                           f"set {CACHE_ENV} to a folder you own") from None
-    if not stat.S_ISDIR(info.st_mode):
-        raise DayzeroError("the kernel cache path is not a folder", str(folder),
-                           f"remove it, or set {CACHE_ENV} to a folder you own")
-    if info.st_uid != os.getuid():
-        raise DayzeroError(f"the kernel cache folder belongs to user id {info.st_uid}, not to "
-                           f"this user ({os.getuid()}), who could then run code it puts there",
-                           str(folder), f"set {CACHE_ENV} to a folder you own")
-    if info.st_mode & 0o022:
-        raise DayzeroError(f"the kernel cache folder is writable by others (mode "
-                           f"{stat.S_IMODE(info.st_mode):o}), who could swap the kernels run "
-                           "from it", str(folder), f"chmod 700 {folder}")
-    return folder
+    """The per-user folder kernel modules are written to (see backends/user_cache.py)."""
+    return user_cache_dir("triton", override)
 
 
 def import_kernels(source: str, cache: str | os.PathLike | None = None) -> Any:
