@@ -182,6 +182,17 @@ def compile_peer(model, inputs) -> Peer:
     return Peer("torch.compile", time.perf_counter() - start, lambda: compiled(*inputs), out)
 
 
+def dynamo_peer(model, inputs) -> Peer:
+    """torch.compile with dayzero as its backend: dynamo's graph through dayzero's compile
+    (the disk cache off, so that the compile is measured)."""
+    torch._dynamo.reset()
+    start = time.perf_counter()
+    compiled = torch.compile(model, backend="dayzero", options={"cache": False})
+    out = _first(compiled(*inputs))
+    return Peer("torch.compile(backend=dayzero)", time.perf_counter() - start,
+                lambda: compiled(*inputs), out, dayzero=True)
+
+
 def _export(model, inputs, dynamic, path: Path) -> None:
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
@@ -291,6 +302,7 @@ PEER_BUILDERS: dict[str, Callable] = {
     "torch.onnx.export+ORT optimizer":
         lambda w, m, i, d, tmp, s: optimizer_peer(m, i, d, tmp, s, OPTIMIZER_ARGS[w]),
     "dayzero": lambda w, m, i, d, tmp, s: dayzero_peer(m, i, d, tmp, s),
+    "torch.compile(backend=dayzero)": lambda w, m, i, d, tmp, s: dynamo_peer(m, i),
     "dayzero, no native kernels":
         lambda w, m, i, d, tmp, s: dayzero_peer(m, i, d, tmp, s, (NATIVE_KERNEL,)),
 }
@@ -467,6 +479,7 @@ def bench(name: str, repeat: int, session: dict, cold: bool = True) -> list[Peer
                  optimizer_peer(model, inputs, dynamic, workdir, session, OPTIMIZER_ARGS[name]),
                  dayzero_peer(model, inputs, dynamic, workdir, session)]
         peers.append(no_native_peer(model, inputs, dynamic, workdir, session, peers[-1]))
+        peers.append(dynamo_peer(model, inputs))
         time_interleaved(peers, repeat)
     if cold:
         for p in peers:

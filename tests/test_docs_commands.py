@@ -119,7 +119,11 @@ def fresh_folder(tmp_path, monkeypatch):
     (tmp_path / "examples").symlink_to(ROOT / "examples")
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    return tmp_path
+    monkeypatch.setenv("DAYZERO_CACHE_DIR", str(tmp_path / "cache"))  # torch.compile's cache
+    yield tmp_path
+    import torch
+
+    torch._dynamo.reset()
 
 
 def test_parser_finds_commands_continuations_and_python():

@@ -33,6 +33,14 @@ _GENERIC_FIX = ("make the model traceable by torch.export (see torch's message),
 
 def export(model: torch.nn.Module, example_inputs: tuple, dynamic_shapes=None) -> Graph:
     """Trace `model` on `example_inputs` and return its IR Graph with weights attached."""
+    return program_to_graph(trace_program(model, example_inputs, dynamic_shapes), model)
+
+
+def trace_program(model: torch.nn.Module, example_inputs: tuple, dynamic_shapes=None):
+    """The ExportedProgram `export` converts: traced, decomposed, data-only checks dropped.
+
+    The torch.compile backend partitions this program's graph when some of its ops have no
+    converter, so that both see the same ATen ops."""
     _check_arguments(model, example_inputs)
     program = _trace(model, tuple(example_inputs), dynamic_shapes)
     # the checks first: a data check alone (LLaVA's image-token count) would otherwise send an
@@ -44,7 +52,7 @@ def export(model: torch.nn.Module, example_inputs: tuple, dynamic_shapes=None) -
         raise _export_error("torch could not decompose the exported program of", model,
                             exc) from exc
     drop_data_checks(program)
-    return program_to_graph(program, model)
+    return program
 
 
 def _check_arguments(model, example_inputs) -> None:
