@@ -28,6 +28,11 @@ def add_parser(sub) -> None:
                    help="size of a symbolic dim for generated inputs")
     p.add_argument("--warmup", type=int, default=5, metavar="N", help="untimed runs first")
     p.add_argument("--runs", type=int, default=50, metavar="N", help="timed runs")
+    p.add_argument("--sizes", metavar="[SYMBOL=]N,N,...",
+                   help="bench at each of these sizes of a size symbol (the only one, or the one "
+                        "named), e.g. --sizes 16,64,256,1024")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="with --sizes: draw latency against size (PNG, SVG or PDF)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--session", action="append", default=[], type=session_setting,
                    metavar="KEY=VALUE",
@@ -76,10 +81,35 @@ def bench_command(args) -> int:
     described = getattr(model, "describe", lambda: None)()
     if described and not args.json:
         print(described)
+    if args.plot and not args.sizes:
+        raise DayzeroError("--plot draws latency against size: it needs --sizes", "--plot",
+                           "add --sizes 16,64,256,1024")
+    if args.sizes:
+        return _bench_sizes(model, args)
     with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
         inputs = _gather_inputs(model, args.input, _sizes(args.size))
     result = bench(model, inputs, args.warmup, args.runs, str(args.artifact))
     print(json.dumps(asdict(result), indent=1) if args.json else result.describe())
+    return 0
+
+
+def _bench_sizes(model, args) -> int:
+    from . import bench_sizes
+    from .run import _sizes
+
+    if args.input:
+        raise DayzeroError("--sizes generates the inputs of each size, but --input gives them",
+                           "--input", "drop --input, or bench one size without --sizes")
+    with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
+        rows = bench_sizes.bench_sizes(model, args, _sizes(args.size), bench)
+    if args.json:
+        print(json.dumps([{"symbol": n, "size": size, **asdict(r)} for n, size, r in rows],
+                         indent=1))
+    else:
+        print(bench_sizes.describe(rows))
+    if args.plot:
+        path = bench_sizes.plot(rows, args.plot, f"{args.artifact}: latency against size")
+        print(f"wrote {path}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
