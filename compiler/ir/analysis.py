@@ -65,19 +65,19 @@ def cached(graph: Graph, name: str, options: Mapping[str, Any]) -> Any:
         raise KeyError(f"no analysis named {name!r}; registered: {', '.join(sorted(ANALYSES))} "
                        "(an analysis is registered when the module defining it is imported)")
     key = (name, tuple(sorted(options.items())))
-    entry = graph.analyses.get(key)
+    entry = graph.analysis_cache.get(key)
     if entry is not None and entry[0] == graph.version:
         return entry[1]
     version = graph.version
     result = definition.compute(graph, **options)
-    graph.analyses[key] = (version, result)
+    graph.analysis_cache[key] = (version, result)
     return result
 
 
 def current(graph: Graph) -> list[tuple[str, tuple[tuple[str, Any], ...], Any]]:
     """(name, options, result) of every cached result still valid for `graph`, by name."""
     return sorted(((name, options, result)
-                   for (name, options), (version, result) in graph.analyses.items()
+                   for (name, options), (version, result) in graph.analysis_cache.items()
                    if version == graph.version), key=lambda e: (e[0], _shown(e[1])))
 
 
@@ -87,11 +87,11 @@ def mark_changed(graph: Graph, preserve: Iterable[str] = (), since: int | None =
     that started at `since`, vouches that they still hold)."""
     preserve = set(preserve)
     graph.version += 1
-    for key, (version, result) in list(graph.analyses.items()):
+    for key, (version, result) in list(graph.analysis_cache.items()):
         if key[0] in preserve and since is not None and version >= since:
-            graph.analyses[key] = (graph.version, result)
+            graph.analysis_cache[key] = (graph.version, result)
         elif version != graph.version:
-            del graph.analyses[key]
+            del graph.analysis_cache[key]
 
 
 def describe(graph: Graph) -> str:

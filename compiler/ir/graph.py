@@ -84,7 +84,8 @@ class Graph:
         self._counter = itertools.count()
         self._names: set[str] = set()
         self.version = 0  # bumped by every mutation method: cached analyses compare it
-        self.analyses: dict[tuple, tuple[int, Any]] = {}  # (name, options) -> (version, result)
+        # named analyses (analysis.py): (name, options) -> (version computed at, result)
+        self.analysis_cache: dict[tuple, tuple[int, Any]] = {}
 
     # -- construction -------------------------------------------------------------------------
     def fresh_name(self, hint: str | None = None) -> str:

@@ -69,7 +69,7 @@ def test_a_changing_pass_drops_the_plan_from_later_dumps(tmp_path):
     graph = manager.run(parse_ir(TEXT))
     assert PLAN_HEADER in (tmp_path / "01-plan_memory.dzir").read_text()
     assert "# analysis" not in (tmp_path / "02-remove_noops.dzir").read_text()  # changed
-    assert graph.analyses == {}
+    assert graph.analysis_cache == {}
 
 
 def test_sharding_is_preserved_by_propagation_and_dumped(tmp_path):
