@@ -33,11 +33,15 @@ class MaskProver:
         self.graph = graph
         self.ranges = graph.symbols
         self.facts = LazyForward(self._step, self._weight)
+        # a cheap first question on the same walker: a mask that reads a graph input (a padding
+        # mask) is given up without reading its size-only parts as expressions
+        self.reads_input = LazyForward(lambda node, args: [any(args)] * len(node.outputs),
+                                       lambda v: not graph.is_weight(v))
 
     def expression(self, value: Value) -> Indexed | None:
         """`value` as an index expression, or None if it depends on a graph input, on a weight
         whose elements differ, or on an op the transfer table does not model."""
-        return self.facts.of(value)
+        return None if self.reads_input.of(value) else self.facts.of(value)
 
     def _step(self, node: Node, args: list[Indexed | None]) -> list[Indexed | None]:
         """A node's output expression: unknown when any operand present is (a graph input among
