@@ -76,7 +76,7 @@ def precomputed_table(value: Value, ranges: Mapping[str, tuple[int, int | None]]
     if high is None or nodes is None:
         return None
 
-    def source(v: Value) -> Any:  # a graph input, or a weight whose data is not at hand
+    def source(v: Value) -> Any:  # a weight at hand is free of the symbol; an input is not
         return None if v.name in weight_data else _INVALID
 
     def step(node: Node, axes: list) -> list:
