@@ -52,6 +52,9 @@ class Pass(abc.ABC):
 
     name: ClassVar[str]
     summary: ClassVar[str]
+    # named analyses (compiler.ir.analysis) this pass leaves valid even when it changes the
+    # graph; the pass manager drops every other cached result after a changed pass
+    preserves: ClassVar[tuple[str, ...]] = ()
 
     @abc.abstractmethod
     def run(self, graph: Graph) -> PassResult:

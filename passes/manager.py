@@ -3,8 +3,11 @@
 Debugging is built in rather than bolted on (MLIR's `-mlir-print-ir-after-all`, `-mlir-timing`
 and crash reproducers): after every pass the graph is verified and the error names the pass that
 broke it; every pass is timed into `records`; with a dump directory the IR after each pass is
-written as `NN-<pass>.dzir` with a `*** IR after <pass> ***` header comment; and when a pass
-crashes, its input IR and pipeline are written as a reproducer that parses back with `parse_ir`.
+written as `NN-<pass>.dzir` with a `*** IR after <pass> ***` header comment and, after the graph,
+the named analyses still valid for it (`# analysis memory_plan{...}:` comment lines, see
+compiler/ir/analysis.py); after a pass that changed the graph, cached analyses are dropped unless
+the pass `preserves` them; and when a pass crashes, its input IR and pipeline are written as a
+reproducer that parses back with `parse_ir`.
 Everything the manager does is driven by its constructor arguments, never by globals.
 """
 
@@ -18,6 +21,7 @@ from typing import NamedTuple
 
 from compiler.errors import DayzeroError, VerificationError
 from compiler.ir import Graph, print_ir, verify
+from compiler.ir.analysis import describe, mark_changed
 
 from .base import Pass, PassResult
 from .pipeline import format_pipeline, parse_pipeline
@@ -71,7 +75,7 @@ class PassManager:
         if self.dump_dir is not None:
             self.dump_dir.mkdir(parents=True, exist_ok=True)
             self._write_dump(0, "input", f"*** IR before any pass ***\npipeline: {self.pipeline}",
-                             text)
+                             text + describe(graph))
         for index, pass_ in enumerate(self.passes, start=1):
             graph, text = self._run_one(index, pass_, graph, text)
         return graph
@@ -88,7 +92,7 @@ class PassManager:
 
     # -- one pass -----------------------------------------------------------------------------
     def _run_one(self, index: int, pass_: Pass, graph: Graph, before: str) -> tuple[Graph, str]:
-        nodes_before = len(graph.nodes)
+        nodes_before, since = len(graph.nodes), graph.version
         start = time.perf_counter()
         try:
             result = pass_.run(graph)
@@ -103,7 +107,10 @@ class PassManager:
                 f"this is a bug in the pass; its input IR and pipeline are saved in {path} "
                 "(rerun with --debug for the traceback)", pass_.name, path) from exc
         seconds = time.perf_counter() - start
-        graph, changed = result
+        changed = result.changed
+        if changed:  # passes edit nodes directly too: only what the pass preserves stays cached
+            mark_changed(result.graph, pass_.preserves, since if result.graph is graph else 0)
+        graph = result.graph
         after = print_ir(graph)
         if self.verify:
             self._verify_after(index, pass_, graph, changed, before, after)
@@ -117,7 +124,7 @@ class PassManager:
             header = (f"*** IR after {pass_.name} ***\npass {index} of {len(self.passes)}: "
                       f"{pass_.spec()}; {'changed' if changed else 'unchanged'}; "
                       f"nodes {nodes_before} -> {len(graph.nodes)}")
-            self._write_dump(index, pass_.name, header, after)
+            self._write_dump(index, pass_.name, header, after + describe(graph))
         return graph, after
 
     def _verify_after(self, index: int, pass_: Pass, graph: Graph, changed: bool, before: str,

@@ -1,11 +1,13 @@
 """plan_memory: plan every intermediate's place in one arena, and record the plan in the artifact.
 
-A pass returns only a graph, and the plan must not ride on the graph as hidden state, so the
-plan is a pure function of (final graph, this pass's options): `run` computes and verifies it
-(so a graph that cannot be planned fails here, with the pass manager's reproducer), and the
-compile driver calls `memory_plan_for(pipeline, graph)` on the final graph to store the same plan
-in the artifact's manifest under `memory_plan` (see passes/memory/plan.py for the schema). The
-plan is recorded whatever the backend; the reference backend runs with it.
+The plan is a pure function of (graph, this pass's options), so it is the named analysis
+`memory_plan` (compiler/ir/analysis.py), cached on the graph until the graph changes: `run`
+computes and verifies it (so a graph that cannot be planned fails here, with the pass manager's
+reproducer; `--dump-ir` prints it after the graph), and the compile driver calls
+`memory_plan_for(pipeline, graph)` on the final graph to store it in the artifact's manifest under
+`memory_plan` (see passes/memory/plan.py for the schema): the cached plan when nothing changed the
+graph since, a fresh one otherwise. The plan is recorded whatever the backend; the reference
+backend runs with it.
 """
 
 from __future__ import annotations
@@ -16,10 +18,23 @@ from typing import Any, ClassVar
 
 from compiler.errors import DayzeroError
 from compiler.ir import Graph
+from compiler.ir.analysis import register_analysis
 
 from .base import Pass, PassResult
 from .memory import ALGORITHMS, DEFAULT_ALIGNMENT, MemoryPlan, parse_sizes, plan_graph
+from .memory.report import describe_plan
 from .registry import register_pass
+
+MEMORY_PLAN = "memory_plan"
+
+
+@register_analysis(MEMORY_PLAN, "every intermediate's offset in one arena, verified",
+                   describe_plan)
+def _memory_plan(graph: Graph, sizes: str = "", alignment: int = DEFAULT_ALIGNMENT,
+                 inplace: bool = True, algorithm: str = "all") -> MemoryPlan:
+    """The analysis behind the pass: options already checked by `PlanMemory.plan`."""
+    algorithms = None if algorithm == "all" else [algorithm]
+    return plan_graph(graph, parse_sizes(sizes), alignment, inplace, algorithms)
 
 
 @register_pass
@@ -64,22 +79,22 @@ class PlanMemory(Pass):
         return not unbounded
 
     def plan(self, graph: Graph) -> MemoryPlan:
-        """The verified plan for `graph` in its current node order."""
+        """The verified plan for `graph` in its current node order (cached on the graph)."""
         if self.alignment <= 0 or self.alignment & (self.alignment - 1):
             raise DayzeroError(f"plan_memory alignment {self.alignment} is not a power of two",
                                "pass plan_memory", "use e.g. alignment=64")
         if self.algorithm != "all" and self.algorithm not in ALGORITHMS:
             raise DayzeroError(f"plan_memory has no algorithm '{self.algorithm}'",
                                "pass plan_memory", "use all or one of: " + ", ".join(ALGORITHMS))
-        algorithms = None if self.algorithm == "all" else [self.algorithm]
-        return plan_graph(graph, parse_sizes(self.sizes), self.alignment, self.inplace,
-                          algorithms)
+        return graph.analysis(MEMORY_PLAN, sizes=self.sizes, alignment=self.alignment,
+                              inplace=self.inplace, algorithm=self.algorithm)
 
 
 def memory_plan_for(passes: Sequence[Pass], graph: Graph) -> dict[str, Any] | None:
     """The JSON plan to record for the final `graph` if the pipeline plans memory, else None.
 
-    Uses the options of the last `plan_memory` in the pipeline.
+    Uses the options of the last `plan_memory` in the pipeline; the plan that pass computed is
+    reused when the graph has not changed since.
     """
     planners = [p for p in passes if isinstance(p, PlanMemory)]
     if not planners or not planners[-1].plannable(graph):

@@ -8,6 +8,8 @@ from typing import ClassVar
 import sympy
 
 from compiler.ir import Graph
+from compiler.ir.analysis import mark_changed, register_analysis
+from compiler.ir.dataflow import LazyForward
 from compiler.ir.dtypes import DType
 from compiler.ir.graph import Node, Value
 from compiler.ir.symbolic import product
@@ -23,35 +25,31 @@ _MAX_WEIGHT_ELEMENTS = 1 << 16  # a larger constant is never a mask ingredient w
 
 # -- the prover -----------------------------------------------------------------------------------
 class MaskProver:
-    """Reads size-only values of one graph as `Indexed` expressions, memoised per value."""
+    """Reads size-only values of one graph as `Indexed` expressions: a forward dataflow over the
+    transfer table (`compiler.ir.dataflow.LazyForward`), computed on demand and memoised per
+    value, so proving every mask of a graph visits each node of their cones once."""
 
     def __init__(self, graph: Graph):
         self.graph = graph
         self.ranges = graph.symbols
-        self.known: dict[Value, Indexed | None] = {}
-        self.order = {id(n): k for k, n in enumerate(graph.nodes)}
+        self.facts = LazyForward(self._step, self._weight)
+        # a cheap first question on the same walker: a mask that reads a graph input (a padding
+        # mask) is given up without reading its size-only parts as expressions
+        self.reads_input = LazyForward(lambda node, args: [any(args)] * len(node.outputs),
+                                       lambda v: not graph.is_weight(v))
 
     def expression(self, value: Value) -> Indexed | None:
         """`value` as an index expression, or None if it depends on a graph input, on a weight
         whose elements differ, or on an op the transfer table does not model."""
-        nodes = self._size_only_ancestry(value)
-        if nodes is None:
-            return None
-        for node in nodes:
-            if node.outputs[0] in self.known:
-                continue
-            args = [None if v is None else self._read(v) for v in node.inputs]
-            result = None
-            if len(node.outputs) == 1 and all(a is not None or v is None
-                                              for a, v in zip(args, node.inputs)):
-                result = self._transfer(node, args)
-            self.known[node.outputs[0]] = result
-        return self._read(value)
+        return None if self.reads_input.of(value) else self.facts.of(value)
 
-    def _read(self, value: Value) -> Indexed | None:
-        if value.producer is None and value not in self.known:
-            self.known[value] = self._weight(value)
-        return self.known.get(value)
+    def _step(self, node: Node, args: list[Indexed | None]) -> list[Indexed | None]:
+        """A node's output expression: unknown when any operand present is (a graph input among
+        its ancestors makes every descendant unknown), or when the node has several outputs."""
+        if len(node.outputs) != 1 or any(a is None and v is not None
+                                         for a, v in zip(args, node.inputs)):
+            return [None] * len(node.outputs)
+        return [self._transfer(node, args)]
 
     def _transfer(self, node: Node, args: list[Indexed | None]) -> Indexed | None:
         rule = TRANSFERS.get(node.op)
@@ -63,7 +61,8 @@ class MaskProver:
         return result
 
     def _weight(self, value: Value) -> Indexed | None:
-        """A constant weight whose elements are all equal is that value; any other is unknown."""
+        """A constant weight whose elements are all equal is that value; any other is unknown
+        (and so is a graph input)."""
         data = self.graph.weight_data.get(value.name) if self.graph.is_weight(value) else None
         size = product(value.shape)
         if data is None or not isinstance(size, int) or not 0 < size <= _MAX_WEIGHT_ELEMENTS:
@@ -75,24 +74,6 @@ class MaskProver:
             return None
         first = ix.scalar(flat[0].item(), value.dtype)
         return ix.constant(value.shape, ix.kind_of(value.dtype), first)
-
-    def _size_only_ancestry(self, value: Value) -> list[Node] | None:
-        """The nodes `value` depends on, in graph order; None if a graph input is among them."""
-        seen, stack, nodes = set(), [value], []
-        while stack:
-            v = stack.pop()
-            if id(v) in seen:
-                continue
-            seen.add(id(v))
-            if v.producer is None:
-                if not self.graph.is_weight(v):
-                    return None
-                continue
-            if v in self.known:
-                continue
-            nodes.append(v.producer)
-            stack.extend(i for i in v.producer.inputs if i is not None)
-        return sorted({id(n): n for n in nodes}.values(), key=lambda n: self.order[id(n)])
 
     def why_not_causal(self, node: Node) -> str | None:
         """None when `node`'s mask provably equals the causal mask; otherwise the reason."""
@@ -135,6 +116,31 @@ def _allowed_values(x: Indexed, dtype: DType, ranges):
     return ix.simplify_formula(open_, ix.Context.of(x.shape, ranges))
 
 
+CAUSAL_MASKS = "causal_masks"
+
+
+@dataclass(frozen=True)
+class MaskProof:
+    """Every attention with a mask operand and is_causal=false, with why its mask is not the
+    causal mask (None: it provably is)."""
+
+    verdicts: dict[Node, str | None]
+
+
+def _describe(graph: Graph, proof: MaskProof) -> list[str]:
+    return [f"%{node.outputs[0].name}: " + ("causal" if why is None else f"not causal: {why}")
+            for node, why in proof.verdicts.items()]
+
+
+@register_analysis(CAUSAL_MASKS, "which attention masks are provably causal, or why not",
+                   _describe)
+def prove_masks(graph: Graph) -> MaskProof:
+    prover = MaskProver(graph)
+    return MaskProof({node: prover.why_not_causal(node) for node in graph.nodes
+                      if node.op == "scaled_dot_product_attention"
+                      and not node.attrs["is_causal"] and node.inputs[3] is not None})
+
+
 @register_pass
 @dataclass(frozen=True)
 class RecognizeCausalMasks(Pass):
@@ -156,12 +162,12 @@ class RecognizeCausalMasks(Pass):
     summary: ClassVar[str] = "prove size-only attention masks causal and set is_causal=true"
 
     def run(self, graph: Graph) -> PassResult:
-        prover, changed = MaskProver(graph), False
-        for node in graph.nodes:
-            if node.op != "scaled_dot_product_attention" or node.attrs["is_causal"] \
-                    or node.inputs[3] is None or prover.why_not_causal(node) is not None:
-                continue
-            node.inputs = [*node.inputs[:3], None]
-            node.attrs = {**node.attrs, "is_causal": True}
-            changed = True
+        changed = False
+        for node, why in graph.analysis(CAUSAL_MASKS).verdicts.items():
+            if why is None:
+                node.inputs = [*node.inputs[:3], None]
+                node.attrs = {**node.attrs, "is_causal": True}
+                changed = True
+        if changed:  # the edits above bypass the graph's methods: drop the cached proof
+            mark_changed(graph)
         return PassResult(graph, changed)

@@ -55,6 +55,7 @@ class Builder:
         # what the graph knows beyond its nodes, for converters that compute at compile time
         self.symbol_ranges: Mapping[str, tuple[int, int | None]] = {}
         self.weight_data: Mapping[str, Any] = {}
+        self.position_tables: Any = None  # the graph's `position_tables` analysis
 
     # -- names ---------------------------------------------------------------------------------
     def fresh(self, hint: str = "t") -> str:

@@ -32,7 +32,6 @@ from compiler.ir.symbolic import equal
 from .builder import ONNX_DTYPES, Builder
 from .convert_attention import CAUSAL_MHA, attention_bias, mask_terms
 from .native_ops import DOMAIN as NATIVE_DOMAIN
-from .position_tables import precomputed_table
 
 MS = "com.microsoft"
 # What ai.dayzero.CausalAttention accepts: native/causal_attention.h's kMaxHeadSize, kMaxHeads
@@ -210,7 +209,7 @@ def _half_cache(b: Builder, value: Value, table: str, seq, size: int) -> str:
     """ORT's [positions, head_size / 2] cache: the first half of each row of the table; a
     constant computed at the longest sequence when the table provably allows it (GQA reads
     rows by position, so extra rows are never read), else cut from the table per call."""
-    rows = precomputed_table(value, b.symbol_ranges, b.weight_data)
+    rows = b.position_tables.table(value)
     if rows is not None:
         rows = rows.reshape(-1, size)
         if np.array_equal(rows[:, :size // 2], rows[:, size // 2:]):

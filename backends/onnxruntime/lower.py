@@ -28,6 +28,7 @@ from compiler.ir.symbolic import dim_str
 
 from . import op_table
 from .builder import ONNX_DTYPES, Builder, qualified_op
+from .position_tables import POSITION_TABLES
 from .probe import KernelSet, installed_kernels
 from .symdims import symbol_sources
 
@@ -72,6 +73,7 @@ def lower_graph(graph: Graph, weights: Mapping[str, WeightLocation],
     b = Builder(symbol_sources([(v.name, v.type.shape) for v in graph.inputs]), kernels,
                 reserved)
     b.symbol_ranges, b.weight_data = graph.symbols, graph.weight_data
+    b.position_tables = graph.analysis(POSITION_TABLES)
     env = b.value_names
     env.update({id(v): _narrow_input(b, v) for v in graph.inputs})
     env.update({id(v): name for name, v in graph.weights.items()})

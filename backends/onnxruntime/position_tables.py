@@ -6,10 +6,12 @@ table at the symbol's upper bound holds every shorter table as its first rows; s
 computed here once and stored as a constant, and GroupQueryAttention, which indexes its cache by
 position, takes it whole: the per-call Range/Mul/Concat/Cos/Sin/Slice ops disappear.
 
-The proof is a transfer table over the ops that build such tables: each value is "positional"
-along one axis (its elements at index i of that axis depend on i only) or free of the symbol.
-Anything else (a reduction over positions, a reshape that mixes the position axis with
-another, an input of the model) makes the table ineligible, and it is computed per call.
+The proof is a forward dataflow (compiler/ir/dataflow.py) with a transfer table over the ops
+that build such tables: each value is "positional" along one axis (its elements at index i of
+that axis depend on i only) or free of the symbol. Anything else (a reduction over positions, a
+reshape that mixes the position axis with another, an input of the model) makes the table
+ineligible, and it is computed per call. The tables of a graph are its named analysis
+`position_tables` (`graph.analysis("position_tables").table(value)`).
 """
 
 from __future__ import annotations
@@ -20,13 +22,45 @@ from typing import Any
 import numpy as np
 import sympy
 
-from compiler.ir import Node, Value, get_op
+from compiler.ir import Graph, Node, Value, get_op
+from compiler.ir.analysis import register_analysis
+from compiler.ir.dataflow import ancestry, fact_of, forward
 from compiler.ir.ops.registry import META_ATTRS
 from compiler.ir.symbolic import resolve
 
 _INVALID = object()  # the value's dependence on the symbol is not positional
 _MAX_NODES = 64
 _MAX_ELEMENTS = 1 << 24
+
+
+POSITION_TABLES = "position_tables"
+
+
+class PositionTables:
+    """The named analysis `position_tables` of one graph: the table of each value a converter
+    asks about (None: computed per call), found once per value."""
+
+    def __init__(self, graph: Graph):
+        self.ranges = graph.symbols
+        self.weight_data = graph.weight_data
+        self.tables: dict[Value, np.ndarray | None] = {}
+
+    def table(self, value: Value) -> np.ndarray | None:
+        if value not in self.tables:
+            self.tables[value] = precomputed_table(value, self.ranges, self.weight_data)
+        return self.tables[value]
+
+
+def _describe(graph: Graph, tables: PositionTables) -> list[str]:
+    return [f"%{value.name}: " + ("computed per call" if table is None else
+                                  f"precomputed {list(table.shape)} {table.dtype}")
+            for value, table in tables.tables.items()]
+
+
+@register_analysis(POSITION_TABLES, "rotary tables precomputed at the longest sequence",
+                   _describe)
+def position_tables(graph: Graph) -> PositionTables:
+    return PositionTables(graph)
 
 
 def precomputed_table(value: Value, ranges: Mapping[str, tuple[int, int | None]],
@@ -38,18 +72,19 @@ def precomputed_table(value: Value, ranges: Mapping[str, tuple[int, int | None]]
         return None
     symbol = symbols[0]
     high = ranges.get(symbol.name, (0, None))[1]
-    nodes = _subgraph(value, weight_data)
+    nodes = ancestry([value], limit=_MAX_NODES)  # the subgraph must be small
     if high is None or nodes is None:
         return None
-    axes: dict[int, Any] = {}
-    for node in nodes:
-        axis = _transfer(node, [axes.get(id(v)) if v is not None else None for v in node.inputs],
-                         symbol)
-        if axis is _INVALID or len(node.outputs) != 1:
-            return None
-        axes[id(node.outputs[0])] = axis
-    if axes.get(id(value)) != value.shape.index(symbol):
-        return None
+
+    def source(v: Value) -> Any:  # a weight at hand is free of the symbol; an input is not
+        return None if v.name in weight_data else _INVALID
+
+    def step(node: Node, axes: list) -> list:
+        axis = _transfer(node, axes, symbol) if len(node.outputs) == 1 else _INVALID
+        return [axis] * len(node.outputs)
+
+    if fact_of(value, forward(nodes, step, source), source) != value.shape.index(symbol):
+        return None  # _INVALID anywhere in the subgraph reaches `value`: transfers are strict
     elements = int(np.prod([high if d is symbol else int(d) for d in value.shape]))
     if elements > _MAX_ELEMENTS:
         return None
@@ -58,49 +93,6 @@ def precomputed_table(value: Value, ranges: Mapping[str, tuple[int, int | None]]
 
 def _static(dim) -> bool:
     return isinstance(dim, int) or (isinstance(dim, sympy.Integer))
-
-
-def _subgraph(value: Value, weight_data: Mapping[str, Any]) -> list[Node] | None:
-    """The nodes `value` depends on, in execution order; None if a model input (or a weight
-    without data) is among its sources, or the subgraph is not small."""
-    order: list[Node] = []
-    seen: set[int] = set()
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        node = v.producer
-        if node is None:
-            if v.name not in weight_data:
-                return None  # a graph input, or a weight whose data is not at hand
-            continue
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        order.append(node)
-        if len(order) > _MAX_NODES:
-            return None
-        stack.extend(i for i in node.inputs if i is not None)
-    position = {id(n): i for i, n in enumerate(_topological(order))}
-    return sorted(order, key=lambda n: position[id(n)])
-
-
-def _topological(nodes: list[Node]) -> list[Node]:
-    inside = {id(n) for n in nodes}
-    done: set[int] = set()
-    out: list[Node] = []
-
-    def visit(node: Node) -> None:
-        if id(node) in done:
-            return
-        done.add(id(node))
-        for v in node.inputs:
-            if v is not None and v.producer is not None and id(v.producer) in inside:
-                visit(v.producer)
-        out.append(node)
-
-    for node in nodes:
-        visit(node)
-    return out
 
 
 def _free_of(symbol, things) -> bool:

@@ -12,6 +12,7 @@ import itertools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from .analysis import cached
 from .types import TensorType
 
 
@@ -82,6 +83,9 @@ class Graph:
         self.weight_data: dict[str, Any] = {}
         self._counter = itertools.count()
         self._names: set[str] = set()
+        self.version = 0  # bumped by every mutation method: cached analyses compare it
+        # named analyses (analysis.py): (name, options) -> (version computed at, result)
+        self.analysis_cache: dict[tuple, tuple[int, Any]] = {}
 
     # -- construction -------------------------------------------------------------------------
     def fresh_name(self, hint: str | None = None) -> str:
@@ -97,6 +101,7 @@ class Graph:
     def add_input(self, name: str, type: TensorType) -> Value:
         value = Value(self._claim(name), type)
         self.inputs.append(value)
+        self.version += 1
         return value
 
     def add_weight(self, name: str, type: TensorType, data: Any = None) -> Value:
@@ -104,6 +109,7 @@ class Graph:
             raise ValueError(f"weight {name} declared twice")
         value = Value(name, type)
         self.weights[name] = value
+        self.version += 1
         if data is not None:
             self.weight_data[name] = data
         return value
@@ -127,6 +133,7 @@ class Graph:
             self.nodes.append(node)
         else:
             self.nodes.insert(self.nodes.index(before), node)
+        self.version += 1
         return node
 
     def _claim(self, name: str) -> str:
@@ -154,16 +161,23 @@ class Graph:
     def is_weight(self, value: Value) -> bool:
         return self.weights.get(value.name) is value
 
+    def analysis(self, name: str, **options: Any) -> Any:
+        """The named analysis `name` of this graph (compiler.ir.analysis), computed once and
+        cached until the graph changes."""
+        return cached(self, name, options)
+
     # -- mutation -----------------------------------------------------------------------------
     def replace_uses(self, old: Value, new: Value) -> None:
         """Point every reader of `old` (nodes and graph outputs) at `new`."""
         for node in self.nodes:
             node.inputs = [new if v is old else v for v in node.inputs]
         self.outputs = [new if v is old else v for v in self.outputs]
+        self.version += 1
 
     def remove_nodes(self, doomed: Iterable[Node]) -> None:
         doomed_ids = {id(n) for n in doomed}
         self.nodes = [n for n in self.nodes if id(n) not in doomed_ids]
+        self.version += 1
 
     def remove_unused_weights(self) -> bool:
         used = {v.name for n in self.nodes for v in n.inputs if v is not None}
@@ -172,6 +186,7 @@ class Graph:
         for name in unused:
             del self.weights[name]
             self.weight_data.pop(name, None)
+        self.version += bool(unused)
         return bool(unused)
 
     def __repr__(self) -> str:

@@ -82,3 +82,17 @@ def _types(graph: Graph | None) -> dict[str, str]:
         return {}
     values: list[Value] = [v for n in graph.nodes for v in n.outputs]
     return {v.name: str(v.type) for v in values}
+
+
+def describe_plan(graph: Graph, plan: MemoryPlan) -> list[str]:
+    """The plan as `--dump-ir` prints it after the graph: totals, then where each value lives."""
+    sized = format_sizes(plan.sizes).replace(";", ", ").replace(":", "=") or "static shapes"
+    lines = [f"arena {plan.arena_bytes} B (lower bound {plan.lower_bound} B, naive "
+             f"{plan.naive_total} B); planner {plan.algorithm}; sized for {sized}; alignment "
+             f"{plan.alignment} B; {plan.steps} steps"]
+    lines += [f"%{b.value}: offset {b.offset}, {b.size} B, steps {b.first}..{b.last}"
+              for b in plan.buffers]
+    lines += [f"%{a.value}: {a.kind} of %{a.root} at +{a.offset}" for a in plan.aliases]
+    if plan.external:
+        lines.append("outside the arena: " + ", ".join("%" + v for v in plan.external))
+    return lines
