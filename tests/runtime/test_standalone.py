@@ -35,15 +35,25 @@ BLOCKED = ("torch", "transformers", "passes", "compiler.frontend", "compiler.dri
 SHARED_VOCABULARY = {"compiler", "compiler.errors", "compiler.ir", "compiler.ir.dtypes",
                      "compiler.ir.limits"}
 
-BLOCKER = textwrap.dedent(f"""
-    import sys
+FIRST_PARTY = ("compiler", "runtime", "backends", "passes", "dayzero")
 
-    BLOCKED = {BLOCKED!r}
+# BLOCKED modules fail to import; a first-party module found outside SITE (the developer's
+# editable install, say) fails too, so a module missing from SITE cannot be made up elsewhere
+BLOCKER = textwrap.dedent("""
+    import sys
 
     class Blocker:
         def find_spec(self, name, path=None, target=None):
             if any(name == b or name.startswith(b + ".") for b in BLOCKED):
-                raise ImportError(f"{{name}} is blocked in this test")
+                raise ImportError(f"{name} is blocked in this test")
+            if name.split(".")[0] not in FIRST_PARTY:
+                return None
+            for finder in sys.meta_path:
+                spec = None if finder is self else finder.find_spec(name, path, target)
+                if spec is not None:
+                    if spec.origin and not spec.origin.startswith(SITE):
+                        raise ImportError(f"{name} is not in {SITE} ({spec.origin})")
+                    return spec
             return None
 
     sys.meta_path.insert(0, Blocker())
@@ -55,7 +65,8 @@ def run_blocked(code: str, site: Path = ROOT) -> subprocess.CompletedProcess:
     in `site` (this checkout, or a folder the runtime distribution was installed into)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = str(site)
-    return subprocess.run([sys.executable, "-c", BLOCKER + textwrap.dedent(code)],
+    head = f"BLOCKED, FIRST_PARTY, SITE = {BLOCKED!r}, {FIRST_PARTY!r}, {str(site) + os.sep!r}\n"
+    return subprocess.run([sys.executable, "-c", head + BLOCKER + textwrap.dedent(code)],
                           capture_output=True, text=True, timeout=120, env=env, cwd=site)
 
 
@@ -77,6 +88,13 @@ def test_the_blocker_blocks():
             else:
                 raise AssertionError(name + " imported")
         import onnxruntime, numpy  # not blocked: "onnx" is not a prefix of "onnxruntime"
+        SITE = "/nowhere/"
+        try:
+            import runtime
+        except ImportError as exc:
+            assert "runtime is not in /nowhere/" in str(exc), exc
+        else:
+            raise AssertionError("runtime imported from outside SITE")
         print("ok")
     """)
     assert result.returncode == 0, result.stderr
