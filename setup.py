@@ -14,8 +14,8 @@ NATIVE = "backends/onnxruntime/native"
 
 
 def native_extension(root: str = ".") -> Extension:
-    """The custom-op library; `root` is the repository root as seen from the running setup
-    script (the runtime distribution's is two folders down)."""
+    """The custom-op library; `root` is the repository root, relative to the running setup
+    script or absolute (packaging/runtime's, so that its object files stay in its build/)."""
     native = os.path.normpath(os.path.join(root, NATIVE))
     return Extension(
         "backends.onnxruntime._dayzero_ort_ops",

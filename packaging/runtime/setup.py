@@ -5,12 +5,14 @@ from pathlib import Path
 
 from setuptools import setup
 
-ROOT = "../.."  # relative: setuptools wants relative source paths
+# absolute: object files of relative '../..' sources would land outside build/ (build_ext puts
+# an object at build_temp/<source path>), while an absolute source path is kept inside it
+ROOT = str(Path(__file__).resolve().parents[2])
 
 
 def _root_setup():
     spec = importlib.util.spec_from_file_location(
-        "dayzero_setup", Path(__file__).resolve().parents[2] / "setup.py")
+        "dayzero_setup", Path(ROOT) / "setup.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # defines native_extension; setup() runs only as __main__
     return module
