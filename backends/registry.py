@@ -105,8 +105,19 @@ def _load_class(name: str, ref: BackendRef | importlib.metadata.EntryPoint) -> t
             cls = ref
     except (ImportError, AttributeError) as exc:
         raise DayzeroError(f"backend '{name}' is registered but cannot be imported: {exc}", where,
-                           "install the backend's dependencies, or reinstall its package") from exc
+                           _import_fix(name, ref, exc)) from exc
     if not (isinstance(cls, type) and issubclass(cls, Backend)):
         raise DayzeroError(f"backend '{name}' refers to {cls!r}, which is not a Backend subclass",
                            where, "point the entry point at a subclass of backends.Backend")
     return cls
+
+
+def _import_fix(name: str, ref: BackendRef | importlib.metadata.EntryPoint, exc: Exception) -> str:
+    """A built-in backend whose own module is absent is not installed at all: the runtime-only
+    distribution (packaging/runtime) ships the onnxruntime backend alone."""
+    module = BUILTINS.get(name, "").partition(":")[0]
+    missing = getattr(exc, "name", None) or ""
+    if ref == BUILTINS.get(name) and missing and module.startswith(missing):
+        return (f"this installation has no '{name}' backend (dayzero-runtime ships only "
+                "onnxruntime); install dayzero to use it")
+    return "install the backend's dependencies, or reinstall its package"

@@ -1,24 +1,29 @@
 """dayzero's compiler: IR, torch.export frontend, checkpoint loading, compile driver and CLI.
 
-`compile` and `export` are loaded on first use so that `import compiler.ir` (which the runtime
-uses to read graphs) stays free of torch.export and the passes.
+`compile`, `export` and `ir` are loaded on first use, so that `import compiler.errors` (the error
+classes the runtime raises) stays free of the IR, torch.export and the passes.
 """
 
 from __future__ import annotations
 
-from . import ir
+import importlib
+from typing import Any
+
 from .errors import DayzeroError
+
+# public name -> (submodule, attribute or None for the submodule itself)
+_EXPORTS: dict[str, tuple[str, str | None]] = {
+    "compile": ("driver", "compile"),
+    "export": ("frontend", "export"),
+    "ir": ("ir", None),
+}
 
 __all__ = ["DayzeroError", "compile", "export", "ir"]
 
 
-def __getattr__(name: str):
-    if name == "compile":
-        from .driver import compile
-
-        return compile
-    if name == "export":
-        from .frontend import export
-
-        return export
-    raise AttributeError(f"module 'compiler' has no attribute {name!r}")
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'compiler' has no attribute {name!r}")
+    module, attr = _EXPORTS[name]
+    value = importlib.import_module(f"{__name__}.{module}")
+    return value if attr is None else getattr(value, attr)

@@ -20,7 +20,7 @@ from datetime import timedelta
 from typing import Any
 
 from compiler.errors import DayzeroError
-from compiler.ir import DType
+from compiler.ir.dtypes import DType
 
 DEFAULT_TIMEOUT = 300.0  # seconds a collective may wait for its peers
 HEARTBEAT = 1.0  # seconds between heartbeats

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from compiler.ir import DType
+from compiler.ir.dtypes import DType
 
 # dtypes numpy cannot take from torch directly -> torch integer dtype of the same width
 _RAW_BITS = {DType.bf16: "int16", DType.f8e4m3: "uint8", DType.f8e5m2: "uint8"}

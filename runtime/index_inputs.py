@@ -15,10 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from compiler.errors import ArtifactError
-from compiler.ir import Graph
+
+if TYPE_CHECKING:  # the writer and the graph check pass a Graph; reading the manifest needs none
+    from compiler.ir import Graph
 
 MANIFEST_KEY = "index_inputs"
 _ALL_VALUES = frozenset({"reshape", "permute", "expand"})

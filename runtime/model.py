@@ -11,11 +11,10 @@ import numpy as np
 
 import backends
 from compiler.errors import DayzeroError
-from compiler.ir import DType
+from compiler.ir.dtypes import DType
 
 from .artifact import Artifact, open_artifact
 from .convert import to_numpy
-from .graph_checks import check_artifact_graph
 from .index_inputs import read_index_inputs
 from .specs import TensorSpec, specs_from_manifest
 from .validate import check_output_shapes, prepare_inputs
@@ -90,6 +89,10 @@ class _CheckedView:
 
     def check(self) -> None:
         if not self._checked:
+            # the IR parser and verifier (sympy, lark, the op table) load only for artifacts
+            # whose graph is read: an ONNX Runtime artifact without a memory plan runs without
+            from .graph_checks import check_artifact_graph
+
             model = self._model
             model.index_ranges = check_artifact_graph(self._artifact, model.input_specs,
                                                       model.output_specs)

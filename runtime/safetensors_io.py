@@ -24,7 +24,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from compiler.errors import ArtifactError, DayzeroError
-from compiler.ir import DType
+from compiler.ir.dtypes import DType
 
 # IR dtype <-> safetensors dtype tag.
 ST_DTYPES: dict[DType, str] = {

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from compiler.errors import InputError
-from compiler.ir import DType
+from compiler.ir.dtypes import DType
 
 from .convert import to_numpy
 from .dims import dim_symbols, eval_dim

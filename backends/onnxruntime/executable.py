@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from compiler.errors import InputError
-from compiler.ir import DType
+from compiler.ir.dtypes import DType
 
 if TYPE_CHECKING:
     from .session import ResolvedSession

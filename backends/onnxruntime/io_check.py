@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from compiler.errors import ArtifactError
-from compiler.ir import DType
+from compiler.ir.dtypes import DType
 
 # numpy dtype name -> ONNX Runtime's type string
 _ORT_TYPES = {"float32": "float", "float64": "double", "float16": "float16", "int64": "int64",

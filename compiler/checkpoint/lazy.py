@@ -6,9 +6,13 @@ artifact's file, converting dtype chunk by chunk, and then hands the pages back 
 (`madvise(MADV_DONTNEED)`): the process's resident memory holds one chunk, never a shard, let
 alone the model. A pass that needs the values (constant folding, say) gets a real torch tensor
 through `torch.as_tensor(handle)` (the DLPack protocol) or `np.asarray(handle)`; only that
-tensor is read.
+tensor is read, by the safetensors library's own reader (`safe_open`) on top of the header checks
+`read_layout` made. Streaming stays on our mmap: it needs the tensors' byte offsets (which
+`safe_open` does not expose) and must hand pages back chunk by chunk, which a reader that owns
+its mapping cannot.
 
-`ShardReader` owns the mmaps, one per shard, and counts what was streamed for the summary.
+`ShardReader` owns the mmaps and `safe_open` handles, one per shard, and counts what was
+streamed for the summary.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import numpy as np
 from compiler.ir import DType
 
 from . import precision
-from .layout import CheckpointLayout, TensorRecord
+from .layout import CheckpointError, CheckpointLayout, TensorRecord
 
 CHUNK_BYTES = 64 * 2**20
 _PAGE = mmap.PAGESIZE
@@ -62,6 +66,7 @@ class ShardReader:
         self.stats = StreamStats()
         self.on_shard = on_shard
         self._maps: dict[str, mmap.mmap] = {}
+        self._opened: dict[str, Any] = {}
 
     def map(self, file: str) -> mmap.mmap:
         mm = self._maps.get(file)
@@ -92,7 +97,27 @@ class ShardReader:
         if mm is not None and end > start and hasattr(mm, "madvise"):
             mm.madvise(mmap.MADV_WILLNEED, start, min(end, len(mm)) - start)
 
+    def tensor(self, record: TensorRecord) -> Any:
+        """The whole tensor as stored (torch), read through `safe_open`; a shard
+        the library refuses, or that no longer holds what its header said when the checkpoint
+        was opened, is a CheckpointError naming the shard and the tensor."""
+        from safetensors import SafetensorError, safe_open
+
+        path = self.layout.path(record.file)
+        try:
+            if record.file not in self._opened:
+                self._opened[record.file] = safe_open(path, framework="pt")
+            tensor = self._opened[record.file].get_tensor(record.name)
+        except (SafetensorError, OSError) as exc:
+            raise _unreadable(path, record, f"cannot be read: {exc}") from None
+        if (str(tensor.dtype), tuple(tensor.shape)) != (str(record.dtype.to_torch()),
+                                                        record.shape):
+            raise _unreadable(path, record, f"now holds {tensor.dtype}{list(tensor.shape)}, not "
+                              f"the {record.dtype}{list(record.shape)} its header said when opened")
+        return tensor
+
     def close(self) -> None:
+        self._opened.clear()
         for mm in self._maps.values():
             try:
                 mm.close()
@@ -184,6 +209,17 @@ class LazyTensor(_Lazy):
     def astype_lazy(self, dtype: DType) -> LazyTensor:
         """The same checkpoint tensor, to be converted to `dtype` instead (nothing is read)."""
         return LazyTensor(self.reader, self.record, dtype)
+
+    def load(self) -> Any:
+        """The whole tensor as a new torch tensor of `ir_dtype`, read by `safe_open` and
+        converted with the overflow check."""
+        tensor = self.reader.tensor(self.record)
+        if self.record.dtype != self.ir_dtype:
+            tensor = precision.convert(tensor, self.ir_dtype, self.record.name)
+        else:  # safe_open's tensors may view one mapping of the shard: never share it
+            tensor = tensor.clone()
+        self._stats.materialized += 1
+        return tensor
 
     def iter_chunks(self, chunk_bytes: int = CHUNK_BYTES) -> Iterator[memoryview]:
         """The converted tensor's raw little-endian bytes, a bounded chunk at a time.
@@ -288,6 +324,11 @@ def concat_rows(parts: Sequence[Any]) -> Any:
     import torch
 
     return torch.cat([torch.as_tensor(p) for p in parts], dim=0)
+
+
+def _unreadable(path, record: TensorRecord, what: str) -> CheckpointError:
+    return CheckpointError(f"shard {record.file} {what}", f"{path}, tensor '{record.name}'",
+                           "the file is corrupted, or changed while compiling; download it again")
 
 
 def _view(mm: mmap.mmap, begin: int, n: int, dtype: DType):

@@ -18,6 +18,9 @@ def add_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--kernels", action="store_true",
                    help="print the Triton kernels generated for the graph (triton backend)")
+    p.add_argument("--graph", metavar="FILE.graphml|FILE.dot|FILE.svg",
+                   help="write the IR as a graph file (op, types, fusion group, pipeline stage "
+                        "and memory slot as attributes); .svg needs Graphviz's dot")
     p.add_argument("--rank", type=int, metavar="N",
                    help="show rank N's graph of a partitioned artifact (default: the global one)")
     p.set_defaults(handler=inspect_command)
@@ -49,6 +52,8 @@ def inspect_command(args) -> int:
     else:
         raise DayzeroError(f"{path} does not exist", str(path),
                            "give an artifact directory or a .dzir file")
+    if args.graph:
+        return _graph_file(args, path, graph, manifest)
     if args.memory or args.plot:
         return _memory(args, path, graph, manifest)
     if args.kernels:
@@ -103,6 +108,25 @@ def _describe_backend(artifact) -> None:
     if text:
         print(f"# lowering by {artifact.manifest['backend']}:")
         print("".join(f"#   {line}\n" for line in text.splitlines()), end="")
+
+
+def _graph_file(args, path: Path, graph, manifest: dict | None) -> int:
+    """--graph: the IR with the plan data that describes this graph's nodes (the stages of a
+    partitioned artifact's global graph, the memory plan of an unpartitioned one, checked)."""
+    from runtime.memory_plan import check_memory_plan
+
+    from .inspect_graph import write_graph
+
+    context: dict = {}
+    if manifest is not None and args.rank is None:
+        if manifest.get("parallel", {}).get("world_size", 1) > 1:
+            context["parallel"] = manifest["parallel"]
+        elif manifest.get("memory_plan") is not None:
+            check_memory_plan(manifest["memory_plan"], graph, f"{path}/manifest.json: memory_plan")
+            context["memory_plan"] = manifest["memory_plan"]
+    out = write_graph(args.graph, graph, context)
+    print(f"wrote {out} ({len(graph.nodes)} nodes)")
+    return 0
 
 
 def _kernels(args, graph) -> int:

@@ -86,6 +86,24 @@ def test_register_a_module_class_string_loads_lazily(cleanup):
         backends.get("notabackend")
 
 
+def test_a_builtin_backend_missing_from_the_install_says_which_distribution_has_it(monkeypatch):
+    """Under dayzero-runtime (packaging/runtime) backends.reference is not installed at all."""
+    from backends import registry
+
+    monkeypatch.setitem(registry.BUILTINS, "reference", "backends.not_installed:ReferenceBackend")
+    with pytest.raises(DayzeroError, match="No module named 'backends.not_installed'") as info:
+        backends.get("reference")
+    assert info.value.fix == ("this installation has no 'reference' backend (dayzero-runtime "
+                              "ships only onnxruntime); install dayzero to use it")
+    backends.register("missing", "no_such_module_anywhere:Backend")
+    try:
+        with pytest.raises(DayzeroError) as info:
+            backends.get("missing")
+    finally:
+        backends.unregister("missing")
+    assert info.value.fix == "install the backend's dependencies, or reinstall its package"
+
+
 def test_registration_overrides_and_is_checked(cleanup):
     cleanup.extend(["reference", "broken"])
     backends.register("reference", TinyBackend)

@@ -143,3 +143,37 @@ def test_concatenated_handles_stream_part_by_part(tmp_path):
     assert torch.equal(torch.as_tensor(low), expected.to(torch.bfloat16))
     mixed = concat_rows([handles[0], torch.ones(1, 3)])  # not all lazy: an ordinary tensor
     assert torch.equal(mixed, torch.cat([parts["q"], torch.ones(1, 3)]))
+
+
+def test_materialized_tensors_are_read_by_safe_open_and_never_shared(folder, monkeypatch):
+    import safetensors
+
+    opened = []
+    real = safetensors.safe_open
+    monkeypatch.setattr(safetensors, "safe_open", lambda path, **kw: opened.append(path) or
+                        real(path, **kw))
+    root, tensors = folder
+    reader, handle = _handle(root, "w")
+    first, second = torch.as_tensor(handle), torch.as_tensor(handle)
+    first.zero_()  # a pass computing in place on its copy
+    assert torch.equal(second, tensors["w"]) and opened == [root / "model.safetensors"]
+    assert torch.equal(torch.as_tensor(reader.handle(handle.record, DType.bf16)),
+                       tensors["w"].to(torch.bfloat16))
+    assert reader.stats.materialized == 3 and len(opened) == 1
+
+
+def test_shard_corrupted_after_opening_is_named_with_its_tensor(folder):
+    """The header was checked when the checkpoint was opened; a shard rewritten or cut short
+    before a pass reads a tensor is still one clear error, not a library traceback."""
+    root, tensors = folder
+    shard = root / "model.safetensors"
+    _, handle = _handle(root, "w")
+    save_file({**tensors, "w": tensors["w"].half()}, shard)
+    with pytest.raises(CheckpointError, match=r"shard model.safetensors now holds "
+                                              r"torch.float16\[300, 7\], not the f32\[300, 7\]"):
+        torch.as_tensor(handle)
+    _, handle = _handle(root, "w")
+    shard.write_bytes(shard.read_bytes()[:100])
+    with pytest.raises(CheckpointError, match="shard model.safetensors cannot be read") as info:
+        torch.as_tensor(handle)
+    assert info.value.where == f"{shard}, tensor 'w'" and "download it again" in info.value.fix
