@@ -73,6 +73,8 @@ def add_parser(sub) -> None:
     p.add_argument("--dump-ir", metavar="DIR", help="write the IR after every pass into DIR")
     p.add_argument("--passes", metavar="a,b,c", help="pass pipeline (overrides the config)")
     p.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no stage lines or progress bars (errors are still printed)")
     p.add_argument("--report", action="store_true",
                    help="print op counts before and after fusion and the patterns that fired")
     p.add_argument("--seq-len", metavar="MIN:MAX",
@@ -88,7 +90,7 @@ def compile_command(args) -> int:
     from ..spec import load_spec
 
     check_destination(args.out, args.force)  # before running the user's code and export
-    log = StageLog(sys.stderr)
+    log = StageLog(None if args.quiet else sys.stderr)
     backend_options = options_from_assignments(args.backend_options, args.backend)
     load_config(None).with_backend_options(backend_options, "--backend-option")  # names, early
     seq_range = _seq_range(args.seq_len)
