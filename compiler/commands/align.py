@@ -57,6 +57,7 @@ def align_command(args) -> int:
     from ..tools.align_html import render
     from ..tools.align_target import run_alignment
     from ..tools.align_text import format_report
+    from ..tools.html_page import write_page
 
     # with --json, stdout carries the JSON document only
     chatter = sys.stderr if args.json else sys.stdout
@@ -66,7 +67,7 @@ def align_command(args) -> int:
         inputs = _inputs(args, target)
         report = run_alignment(target, inputs, atol=args.atol, rtol=args.rtol, session=session)
     if args.html:
-        Path(args.html).write_text(render(report))
+        write_page(args.html, render(report))
         print(f"wrote {args.html}", file=sys.stderr)
     if args.json:
         print(json.dumps(report.to_json(), indent=1))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 
 from ..config import OptionAssignment, load_config, options_from_assignments, parse_assignment
 from ..errors import DayzeroError
@@ -75,6 +77,8 @@ def add_parser(sub) -> None:
     p.add_argument("--force", action="store_true", help="replace OUT if it exists")
     p.add_argument("-q", "--quiet", action="store_true",
                    help="no stage lines or progress bars (errors are still printed)")
+    p.add_argument("--html", metavar="FILE",
+                   help="with --report: also write the fusion report as one HTML page")
     p.add_argument("--report", action="store_true",
                    help="print op counts before and after fusion and the patterns that fired")
     p.add_argument("--seq-len", metavar="MIN:MAX",
@@ -104,7 +108,7 @@ def compile_command(args) -> int:
     compile(spec.module, spec.example_inputs, out=args.out, backend=args.backend,
             dynamic_shapes=spec.dynamic_shapes, config=args.config, passes=args.passes,
             dump_ir=args.dump_ir, force=args.force, log=log, checkpoint=spec.checkpoint,
-            fallback=args.fallback, report=print if args.report else None,
+            fallback=args.fallback, report=_reporter(args),
             backend_options=backend_options)
     print(args.out)
     return 0
@@ -125,3 +129,26 @@ def backend_option(text: str) -> OptionAssignment:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"{exc}; use [BACKEND:]KEY=VALUE, e.g. "
                                          "session.intra_op_threads=2") from None
+
+
+def _reporter(args):
+    """--report prints the fusion report; with --html it is also written as a page."""
+    if args.html and not args.report:
+        raise DayzeroError("--html writes the fusion report: it needs --report", "--html",
+                           "add --report")
+    if not args.report:
+        return None
+    if args.html and not os.access(Path(args.html).resolve().parent, os.W_OK):
+        raise DayzeroError("cannot write the report there: the folder is missing or not "
+                           "writable", args.html, "give --html a file in a folder you can write")
+
+    def report(fusion) -> None:
+        print(fusion)
+        if args.html:
+            from ..tools import fusion_html
+            from ..tools.html_page import write_page
+
+            path = write_page(args.html, fusion_html.render(
+                fusion, f"dayzero compile --report: {args.spec}"))
+            print(f"wrote {path}", file=sys.stderr)
+    return report

@@ -22,6 +22,7 @@ def add_parser(sub) -> None:
     p.add_argument("--fallback", metavar="NAME",
                    help="count what NAME runs as runnable, as `compile --fallback NAME` does")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--html", metavar="FILE", help="also write the report as one HTML page")
     p.set_defaults(handler=coverage_command)
 
 
@@ -46,7 +47,19 @@ def coverage_command(args) -> int:
         print(json.dumps(report.to_json(), indent=1))
     else:
         print(format_report(report))
+    if args.html:
+        from ..tools import coverage_html
+        from ..tools.html_page import write_page
+
+        path = write_page(args.html, coverage_html.render(report, _notes(report),
+                                                          _summary(report)))
+        print(f"wrote {path}", file=sys.stderr)
     return 1 if report.uncovered() else 0
+
+
+def _summary(report) -> list[str]:
+    return ([f"skipped backend {b}: {why}" for b, why in report.skipped.items()]
+            + [report.summary_line(b) for b in report.backends])
 
 
 def _notes(report) -> list[str]:
@@ -71,8 +84,7 @@ def format_report(report) -> str:
     notes = _notes(report)
     if notes:
         lines += ["notes:", *notes]
-    lines += [f"skipped backend {b}: {why}" for b, why in report.skipped.items()]
-    lines += [report.summary_line(b) for b in report.backends]
+    lines += _summary(report)
     uncovered = report.uncovered()
     if uncovered:
         lines.append(f"no backend runs: {', '.join(uncovered)} (see the first-use lines above; "

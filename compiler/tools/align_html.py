@@ -12,6 +12,7 @@ import math
 
 from .align import AlignReport, Check
 from .align_text import divergence, summary
+from .html_page import page, pre
 
 WIDTH, HEIGHT, PAD = 900, 260, 48
 _FLOOR = 1e-12  # exact zeros sit on the plot's floor
@@ -124,21 +125,6 @@ def render(report: AlignReport) -> str:
             "atol / rtol", "", "source"]
     table = ("<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"
              + "".join(_row(c) for c in report.checks) + "</table>")
-    verdict = (f'<pre class="fail">{html.escape(divergence(report, first))}</pre>' if first
-               else "")
-    return f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>dayzero align: {html.escape(report.backend)}</title>
-<style>
-body {{ font-family: sans-serif; margin: 24px; }}
-table {{ border-collapse: collapse; font-size: 12px; }}
-td, th {{ border: 1px solid #ccc; padding: 2px 6px; text-align: left; }}
-tr.fail td, pre.fail {{ color: #b00; }}
-</style></head><body>
-<h1>Alignment: {html.escape(report.backend)} vs reference</h1>
-<pre>{html.escape(summary(report))}</pre>
-{verdict}
-{value_plot(report.checks)}
-{layer_plot(report.checks)}
-{table}
-</body></html>
-"""
+    verdict = pre(divergence(report, first), "fail") if first else ""
+    return page(f"Alignment: {report.backend} vs reference", pre(summary(report)), verdict,
+                value_plot(report.checks), layer_plot(report.checks), table)

@@ -1,9 +1,10 @@
-"""What fusion did, as text: op counts before and after, and how often each pattern fired."""
+"""What fusion did: op counts before and after, and how often each pattern fired."""
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from compiler.ir import Graph
 
@@ -33,46 +34,60 @@ def misses_of(manager) -> list[RewriteMiss]:
     return [m for p in manager.passes if isinstance(p, Fuse) for m in p.misses()]
 
 
+@dataclass(frozen=True)
+class FusionReport:
+    """What fusion did: printed as text by `compile --report`, drawn as a page by --html."""
+    before: Counter
+    after: Counter
+    fired: Counter
+    not_fired: list[tuple[str, int, RewriteMiss]]  # rule, nodes tried, the first miss
+    groups: Counter  # fusion group -> nodes in it
+
+    def changed(self) -> list[str]:
+        return sorted(op for op in set(self.before) | set(self.after)
+                      if self.before[op] != self.after[op])
+
+    def __str__(self) -> str:
+        lines = [f"fusion: {sum(self.before.values())} nodes -> {sum(self.after.values())} nodes"]
+        if self.fired:
+            lines.append("patterns fired:")
+            lines += [f"  {rule:<28}{count:>6}" for rule, count in sorted(self.fired.items())]
+        else:
+            lines.append("patterns fired: none")
+        if self.not_fired:
+            lines.append("patterns tried that did not fire (first node tried, and why it did "
+                         "not match):")
+            for rule, tried, m in self.not_fired:
+                where = f" at {m.loc}" if m.loc else ""
+                lines.append(f"  {rule:<28}{tried:>6} node(s); {m.anchor}{where}: {m.reason}")
+        if self.changed():
+            lines.append(f"op counts:   {'op':<28}{'before':>8}{'after':>8}")
+            lines += [f"             {op:<28}{self.before[op]:>8}{self.after[op]:>8}"
+                      for op in self.changed()]
+        if self.groups:
+            lines.append(f"fusion groups: {len(self.groups)} kernels covering "
+                         f"{sum(self.groups.values())} nodes (largest {max(self.groups.values())})")
+        return "\n".join(lines)
+
+
 def fusion_report(before: Graph | Mapping[str, int], after: Graph,
                   records: Iterable[RewriteRecord] = (),
-                  misses: Iterable[RewriteMiss] = ()) -> str:
-    """Op counts before -> after (changed ops only), patterns fired, why each pattern that was
-    tried but never fired did not match, and the fusion groups."""
+                  misses: Iterable[RewriteMiss] = ()) -> FusionReport:
+    """Op counts before -> after, patterns fired, why each pattern that was tried but never
+    fired did not match, and the fusion groups."""
     old = op_counts(before) if isinstance(before, Graph) else Counter(before)
-    new = op_counts(after)
-    lines = [f"fusion: {sum(old.values())} nodes -> {sum(new.values())} nodes"]
     fired = Counter(r.rule for r in records)
-    if fired:
-        lines.append("patterns fired:")
-        lines += [f"  {rule:<28}{count:>6}" for rule, count in sorted(fired.items())]
-    else:
-        lines.append("patterns fired: none")
-    lines += _not_fired(misses, fired)
-    changed = sorted(op for op in set(old) | set(new) if old[op] != new[op])
-    if changed:
-        lines.append(f"op counts:   {'op':<28}{'before':>8}{'after':>8}")
-        lines += [f"             {op:<28}{old[op]:>8}{new[op]:>8}" for op in changed]
     groups = Counter(n.attrs["fusion_group"] for n in after.nodes if "fusion_group" in n.attrs)
-    if groups:
-        lines.append(f"fusion groups: {len(groups)} kernels covering {sum(groups.values())} "
-                     f"nodes (largest {max(groups.values())})")
-    return "\n".join(lines)
+    return FusionReport(old, op_counts(after), fired, _not_fired(misses, fired), groups)
 
 
-def _not_fired(misses: Iterable[RewriteMiss], fired: Counter) -> list[str]:
-    """One line per pattern tried at some node but fired nowhere: how many nodes it was tried
-    at, and the first of them with the reason the match stopped there."""
+def _not_fired(misses: Iterable[RewriteMiss], fired: Counter) -> list[tuple[str, int, RewriteMiss]]:
+    """Each pattern tried at some node but fired nowhere: how many nodes it was tried at, and
+    the first of them (with the reason the match stopped there)."""
     first: dict[str, RewriteMiss] = {}
     tried: Counter = Counter()
     for miss in misses:
         if miss.rule not in fired:
             first.setdefault(miss.rule, miss)
             tried[miss.rule] += 1
-    if not first:
-        return []
-    lines = ["patterns tried that did not fire (first node tried, and why it did not match):"]
-    for rule in sorted(first):
-        m = first[rule]
-        where = f" at {m.loc}" if m.loc else ""
-        lines.append(f"  {rule:<28}{tried[rule]:>6} node(s); {m.anchor}{where}: {m.reason}")
-    return lines
+    return [(rule, tried[rule], first[rule]) for rule in sorted(first)]

@@ -66,7 +66,7 @@ def fused(request) -> Fused:
     graph = manager.run(graph)
     records = records_of(manager)
     return Fused(name, layers, eager, inputs, unfused, graph, records,
-                 fusion_report(before, graph, records))
+                 str(fusion_report(before, graph, records)))
 
 
 def test_every_norm_and_attention_is_fused(fused):

@@ -1,0 +1,57 @@
+"""`dayzero coverage --html` and `dayzero compile --report --html`: one self-contained page
+each, with what the text report says."""
+
+from __future__ import annotations
+
+import html
+import re
+
+import pytest
+
+from compiler.cli import main
+from tests.compiler.conftest import MLP
+
+LLAMA = MLP.replace("mlp.py", "llama.py")
+
+
+def _self_contained(page: str) -> None:
+    assert page.startswith("<!doctype html>") and page.rstrip().endswith("</html>")
+    assert "<script" not in page and not re.search(r'(src|href)="(?!#)', page)
+
+
+def test_coverage_html_colors_each_verdict(tmp_path, capsys):
+    out = tmp_path / "coverage.html"
+    assert main(["coverage", MLP, "--backend", "onnxruntime", "--backend", "reference",
+                 "--html", str(out)]) == 0
+    text = capsys.readouterr().out
+    page = out.read_text()
+    _self_contained(page)
+    for op in ("linear", "gelu", "layer_norm"):
+        assert f"<td>{op}</td>" in page and op in text
+    assert page.count('<td class="ok">yes</td>') >= 6  # every op, on both backends
+    assert "every op runs on at least one backend" in page
+
+
+def test_compile_report_html_shows_fired_patterns_and_counts(tmp_path, capsys):
+    out = tmp_path / "fusion.html"
+    assert main(["compile", LLAMA, "-o", str(tmp_path / "m.dz"), "--report", "--html",
+                 str(out)]) == 0
+    printed = capsys.readouterr().out
+    page = out.read_text()
+    _self_contained(page)
+    fired = re.findall(r"^  (\w+)\s+(\d+)$", printed.split("patterns fired:")[1], re.M)
+    assert fired
+    for rule, count in fired:
+        assert f"<tr><td>{rule}</td><td class=\"num\">{count}</td></tr>" in page
+    nodes = re.search(r"fusion: (\d+) nodes -> (\d+) nodes", printed).group(0)
+    assert html.escape(nodes) in page and "<svg" in page
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--html", "x.html"], "it needs --report"),
+    (["--report", "--html", "/nonexistent/dir/x.html"], "not writable"),
+])
+def test_html_without_report_or_writable_folder_is_refused(tmp_path, capsys, argv, message):
+    assert main(["compile", MLP, "-o", str(tmp_path / "m.dz"), *argv]) != 0
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "m.dz").exists()
