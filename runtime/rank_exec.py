@@ -107,7 +107,7 @@ def to_torch(x: Any):
         x = x.copy()
     dtype = DType.from_numpy(x.dtype)
     if dtype in _RAW_BITS:
-        return torch.from_numpy(np.ascontiguousarray(x).view(_RAW_BITS[dtype])).view(
+        return torch.from_numpy(np.asarray(x, order="C").view(_RAW_BITS[dtype])).view(
             dtype.to_torch())
     return torch.from_numpy(x)
 

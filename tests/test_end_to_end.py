@@ -95,3 +95,21 @@ def test_values_computed_from_a_dynamic_cache_length(backend, tmp_path):
     for n in (2, 5, 9):
         past = torch.randn(1, n, 4)
         assert_fp32_close(loaded(x, past)[0], model(x, past), what=f"past length {n}")
+
+
+class Scalars(torch.nn.Module):
+    def forward(self, a, b):
+        return a + b, a.exp(), b
+
+
+@pytest.mark.parametrize("backend", ["reference", "onnxruntime", "triton"])
+def test_zero_dim_inputs_and_outputs_keep_their_rank(backend, tmp_path):
+    """np.ascontiguousarray turns a 0-d array into shape [1]; the onnxruntime backend used it
+    on inputs, and every 0-d output came back as [1] (caught by the output-shape check)."""
+    if backend == "triton":
+        pytest.importorskip("triton")
+    a, b = torch.tensor(1.5), torch.tensor(-2.0)
+    path = compiler.compile(Scalars(), (a, b), tmp_path / "m.dz", backend=backend)
+    got = runtime.load(path)(a.numpy(), b.numpy())
+    for g, w in zip(got, Scalars()(a, b)):
+        assert np.shape(g) == () and float(g) == pytest.approx(float(w), rel=1e-6)

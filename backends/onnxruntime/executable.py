@@ -58,4 +58,4 @@ def _array(x: Any) -> np.ndarray:
     """A contiguous numpy view of a numpy array or a CPU torch tensor (without importing torch)."""
     if hasattr(x, "detach") and hasattr(x, "numpy"):
         x = x.detach().cpu().numpy()
-    return np.ascontiguousarray(x)
+    return np.asarray(x, order="C")  # not ascontiguousarray: it makes a 0-d input [1]

@@ -100,7 +100,7 @@ def _to_torch(x: Any):
     if isinstance(x, np.ndarray):
         dtype = DType.from_numpy(x.dtype)
         if dtype in _RAW_BITS:
-            bits = np.ascontiguousarray(x).view(getattr(np, _RAW_BITS[dtype]))
+            bits = np.asarray(x, order="C").view(getattr(np, _RAW_BITS[dtype]))
             return torch.from_numpy(bits).view(dtype.to_torch())
         with warnings.catch_warnings():  # read-only arrays are fine: ops never write inputs
             warnings.simplefilter("ignore", UserWarning)

@@ -149,7 +149,7 @@ def run_alignment(target: AlignTarget, inputs: Sequence[np.ndarray], atol: float
     import backends
     from runtime.validate import validate_inputs
 
-    arrays = [np.ascontiguousarray(x) for x in inputs]
+    arrays = [np.asarray(x, order="C") for x in inputs]  # 0-d stays 0-d
     validate_inputs(target.input_specs, arrays)
     backend = backends.get(target.artifact.backend)
     names = [v.name for node in target.compiled.nodes for v in node.outputs]
