@@ -99,7 +99,7 @@ def test_values_computed_from_a_dynamic_cache_length(backend, tmp_path):
 
 class Scalars(torch.nn.Module):
     def forward(self, a, b):
-        return a + b, a.exp(), b
+        return a + b, a.exp(), b, a.cumsum(0)  # ONNX CumSum refuses a scalar
 
 
 @pytest.mark.parametrize("backend", ["reference", "onnxruntime", "triton"])

@@ -73,6 +73,8 @@ def softmax(b: Builder, node: Node, x: list) -> list:
 
 
 def cumsum(b: Builder, node: Node, x: list) -> list:
+    if node.inputs[0].type.rank == 0:  # ONNX's CumSum refuses a scalar; its sum is itself
+        return [b.op1("Identity", [x[0]])]
     return [b.op1("CumSum", [x[0], b.const(node.attrs["dim"], DType.i64)])]
 
 

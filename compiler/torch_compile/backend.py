@@ -81,7 +81,15 @@ class _FirstCallCompile:
             with self.lock:
                 if self.run is None:
                     self.run = self._compile(list(args))
-        return self.run(*args)
+        if self.run is self.gm.forward:
+            return self.run(*args)
+        try:
+            return self.run(*args)
+        except DayzeroError as exc:  # refused inputs or a lowering bug: eager from now on
+            log.warning("dayzero: a call failed, this graph runs in eager from now on: %s",
+                        exc.what)
+            self.run = self.gm.forward
+            return self.run(*args)
 
     def _compile(self, args: list[Any]) -> Callable:
         gm = self.gm

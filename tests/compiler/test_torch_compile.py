@@ -230,3 +230,32 @@ def test_single_ops_match_eager(name):
     with torch.no_grad():
         got, want = torch.compile(model, backend="dayzero")(a, b), model(a, b)
     assert_fp32_close(got.numpy(), want.numpy())
+
+
+# OpInfo's samples, through torch.compile: each op's float32 samples in one module, as
+# test_opinfo.py builds them; sort has no converter, so it exercises the eager partition.
+OPINFO_SUBSET = ["add", "mul", "div.no_rounding_mode", "exp", "rsqrt", "sigmoid", "tanh", "where", "clamp",
+                 "matmul", "softmax", "nn.functional.layer_norm", "nn.functional.gelu",
+                 "nn.functional.silu", "cat", "permute", "mean", "amax", "cumsum", "sort"]
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("name", OPINFO_SUBSET)
+def test_opinfo_samples_through_torch_compile(name):
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    from tests.compiler.test_opinfo import SamplesModule, eager_outputs, float32_samples
+
+    op_name, _, variant = name.partition(".no_")
+    variant = f"no_{variant}" if variant else ""
+    op = next(o for o in op_db if o.name == op_name and o.variant_test_name == variant)
+    module = SamplesModule(op.op, float32_samples(op, 3))
+    want = eager_outputs(module)
+    assert not isinstance(want, str), want
+    with torch.no_grad():
+        got = torch.utils._pytree.tree_leaves(
+            torch.compile(module, backend="dayzero")(*module.inputs))
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5, equal_nan=True)
