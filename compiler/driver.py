@@ -103,11 +103,11 @@ def lower_and_write(graph: Graph, out: Path, target, cfg: CompileConfig, *,
     `progress` (total weight bytes -> callback or None) replaces the plain progress bar.
     `aliases` (Dim name -> size symbol, see `symbol_aliases`) go into the manifest.
     """
+    from compiler.writer import write_artifact
     from passes import DEFAULT_PIPELINE, PassManager, format_pipeline, parse_pipeline
     from passes.fusion.decompose import decompose_unsupported
     from passes.fusion.report import fusion_report, misses_of, op_counts, records_of
     from passes.plan_memory import memory_plan_for
-    from runtime.artifact_writer import write_artifact
 
     pipeline = parse_pipeline(passes or _default_pipeline(cfg, target, DEFAULT_PIPELINE))
     pipeline = _with_quantization(_with_precision(pipeline, cfg), cfg)
@@ -152,7 +152,7 @@ def lower_and_write(graph: Graph, out: Path, target, cfg: CompileConfig, *,
 
 def _check_destinations(out: Path, force: bool, dump_ir) -> None:
     """The artifact's and --dump-ir's locations can be written, checked before export."""
-    from runtime.artifact_writer import check_destination
+    from compiler.writer import check_destination
 
     check_destination(out, force)
     if dump_ir is not None:
@@ -220,9 +220,9 @@ def _write_partitioned(graph: Graph, out: Path, target, cfg: CompileConfig, pipe
                        dump_ir, force: bool, log: StageLog,
                        aliases: Mapping[str, str] | None = None) -> Path:
     """Partition over the `parallel:` mesh and write one graph and weight shards per rank."""
+    from compiler.writer import write_artifact
     from passes.parallel import Mesh
     from passes.parallel.partition import partition
-    from runtime.artifact_writer import write_artifact
 
     mesh = Mesh.from_config(cfg.parallel)
     with log.stage("partition", str(mesh)):
