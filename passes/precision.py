@@ -38,6 +38,7 @@ from typing import ClassVar, Literal
 
 from compiler.errors import DayzeroError
 from compiler.ir import DType, Graph, Node, Value, get_op
+from compiler.ir.weights import convert_weight
 
 from .base import Pass, PassResult
 from .registry import register_pass
@@ -212,8 +213,6 @@ class _Rewriter:
         self.changed = False
 
     def apply(self) -> bool:
-        from compiler.checkpoint.precision import convert_weight
-
         for name, dtype in self.plan.storage.items():
             value = self.graph.weights[name]
             value.type = value.type.with_dtype(dtype)
