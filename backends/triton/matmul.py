@@ -28,7 +28,7 @@ from compiler.ir import DType, Node, Value
 from compiler.ir.ops.fused import ACTIVATIONS
 from compiler.ir.symbolic import equal
 
-from .codegen import Unsupported
+from .codegen import NotOneKernel
 from .emit import ELEMENTWISE, POW_EXPONENTS
 
 MATMUL_OPS = frozenset({"matmul", "linear", "fused_linear"})
@@ -235,7 +235,7 @@ def generate_matmul(name: str, node: Node, chain: Sequence[Node], outputs: Seque
         expr[id(member.output)] = f"v{k}"
     for j, out in enumerate(outputs):
         if id(out) not in expr:
-            raise Unsupported(f"%{out.name} is not computed by the kernel")
+            raise NotOneKernel(f"%{out.name} is not computed by the kernel")
         writer.lines.append(f"tl.store({writer.tile(f'o{j}', f'so{j}')}, "
                             f"({expr[id(out)]}).to({TL_FLOATS[out.dtype]}), mask=mask)")
     source = "\n".join([*writer.header(), *("    " + line for line in writer.lines)]) + "\n"
