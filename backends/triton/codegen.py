@@ -102,7 +102,7 @@ def plan_domain(nodes: Sequence[Node]) -> tuple[tuple[object, ...], int]:
     return domain, reduced
 
 
-class _Writer:
+class _KernelSourceWriter:
     def __init__(self, name: str, inputs: Sequence[Value], outputs: Sequence[Value],
                  domain: tuple[object, ...], reduced: int, constants: Mapping[str, float]):
         self.name, self.inputs, self.outputs = name, list(inputs), list(outputs)
@@ -230,7 +230,7 @@ def generate(name: str, nodes: Sequence[Node], inputs: Sequence[Value],
         if value.dtype not in TL_DTYPES:
             raise NotOneKernel(f"%{value.name} has dtype {value.dtype.value}")
     domain, reduced = plan_domain(nodes)
-    writer = _Writer(name, inputs, outputs, domain, reduced, constants)
+    writer = _KernelSourceWriter(name, inputs, outputs, domain, reduced, constants)
     writer.load_inputs()
     for k, node in enumerate(nodes):
         writer.node(k, node)

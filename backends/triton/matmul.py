@@ -130,7 +130,7 @@ def epilogue(node: Node, following: Sequence[Node], users: Mapping[Value, list[N
     return []
 
 
-class _Writer:
+class _MatmulSourceWriter:
     """The kernel source, line by line; `expr` maps value ids to their tile expressions."""
 
     def __init__(self, name: str, batch: int, extras: int, outs: int):
@@ -219,7 +219,7 @@ def generate_matmul(name: str, node: Node, chain: Sequence[Node], outputs: Seque
         for v in operands:
             if v is not None and v is not result and id(v) not in inside:
                 extras.setdefault(id(v), v)
-    writer = _Writer(name, batch, len(extras), len(outputs))
+    writer = _MatmulSourceWriter(name, batch, len(extras), len(outputs))
     writer.tiles()
     writer.main_loop(', input_precision="ieee"' if a.dtype == DType.f32 else "")
     expr = {id(v): f"x{i}" for i, v in enumerate(extras.values())}

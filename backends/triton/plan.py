@@ -71,7 +71,7 @@ def _units(graph: Graph) -> list[list[Node]]:
     return units
 
 
-class _Planner:
+class _LaunchPlanner:
     def __init__(self, graph: Graph):
         self.graph = graph
         self.users = graph.users()
@@ -143,7 +143,7 @@ class _Planner:
         return True
 
 
-def _inlined(node: Node, value: Value, planner: _Planner) -> bool:
+def _inlined(node: Node, value: Value, planner: _LaunchPlanner) -> bool:
     """pow's constant exponent is written into the kernel, not loaded."""
     return node.op == "pow" and value is node.inputs[1] and value.name in planner.constants
 
@@ -153,7 +153,7 @@ def plan(graph: Graph, foreign: Mapping[str, int] | None = None) -> list[LaunchS
 
     `foreign` maps nodes (by first output name) tagged for the fallback to their segment."""
     foreign = foreign or {}
-    planner = _Planner(graph)
+    planner = _LaunchPlanner(graph)
     units = _units(graph)
     local = [not any(n.outputs[0].name in foreign for n in nodes) for nodes in units]
     taken = False  # the previous unit's matmul took this unit into its epilogue
