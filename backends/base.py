@@ -91,9 +91,10 @@ class Backend(ABC):
     `runtime.load(path, session=...)` passes through; without it such overrides are refused).
 
     May use: `backends.base` (this interface), `backends.registry` (`get(name)`: another
-    backend by name, e.g. for a `fallback` option) and `backends.partition` (capability tagging
-    of a graph into segments), plus the IR (`compiler.ir`) and `compiler.errors`; never
-    another backend's modules, the passes or the runtime (tests/test_layering.py checks).
+    backend by name, e.g. for a `fallback` option) and `backends.capability_partition`
+    (capability tagging of a graph into segments), plus the IR (`compiler.ir`) and
+    `compiler.errors`; never another backend's modules, the passes or the runtime
+    (tests/test_layering.py checks).
     `lower` gets the backend's options from the config's `backend_options:`; with a
     `--fallback` compile they also hold `fallback` (the fallback backend's name) and, when set,
     `fallback_options`.

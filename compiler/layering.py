@@ -94,7 +94,7 @@ FLOORS: tuple[Floor, ...] = (
     )),
     Floor("backend interface", (
         Layer("backend interface", ("backends.__init__", "backends.base", "backends.registry",
-                                    "backends.partition"), ("ir",),
+                                    "backends.capability_partition"), ("ir",),
               "Backend, Capabilities, registry, capability tagging"),
     )),
     Floor("backends", tuple(
