@@ -9,8 +9,8 @@ use), never anything else: a layer that is not reachable is off limits even when
 lower floor (the runtime never imports the passes, a backend never imports another backend).
 
 `tests/test_layering.py` reads every import of the packages (function-level ones included) and
-fails on an edge this data does not allow; `python -m compiler.layering` prints the layer diagram
-that docs/architecture.md shows, and `--check` lists the violating imports.
+fails on an edge this data does not allow. `python -m compiler.layering` prints the layer diagram,
+`--update docs/architecture.md` rewrites the doc's copy of it, `--check` lists forbidden imports.
 
 Only the standard library is imported here (networkx where graphs are built), so the check runs
 without torch.
