@@ -8,7 +8,7 @@ from typing import Any
 
 from .config import CompileConfig, load_config
 from .errors import DayzeroError
-from .ir import Graph
+from .ir import Graph, symbolic
 from .ir.ops.collective import COMMUNICATION_OPS
 from .log import SILENT, StageLog
 
@@ -103,11 +103,11 @@ def lower_and_write(graph: Graph, out: Path, target, cfg: CompileConfig, *,
     `progress` (total weight bytes -> callback or None) replaces the plain progress bar.
     `aliases` (Dim name -> size symbol, see `symbol_aliases`) go into the manifest.
     """
+    from compiler.writer import write_artifact
     from passes import DEFAULT_PIPELINE, PassManager, format_pipeline, parse_pipeline
     from passes.fusion.decompose import decompose_unsupported
     from passes.fusion.report import fusion_report, misses_of, op_counts, records_of
     from passes.plan_memory import memory_plan_for
-    from runtime.artifact_writer import write_artifact
 
     pipeline = parse_pipeline(passes or _default_pipeline(cfg, target, DEFAULT_PIPELINE))
     pipeline = _with_quantization(_with_precision(pipeline, cfg), cfg)
@@ -125,6 +125,7 @@ def lower_and_write(graph: Graph, out: Path, target, cfg: CompileConfig, *,
         return _write_partitioned(graph, out, target, cfg, format_pipeline(pipeline),
                                   dump_ir=dump_ir, force=force, log=log, aliases=aliases)
     fallback_target = _backend(fallback) if fallback else None
+    _check_symbolic_shapes(graph, target, fallback_target)
     # fused ops a backend has no kernel for run as their decomposition into primitive ops, on
     # the target where it runs them (the fallback only gets what the target cannot run)
     decompose_unsupported(graph, target.supports)
@@ -152,7 +153,7 @@ def lower_and_write(graph: Graph, out: Path, target, cfg: CompileConfig, *,
 
 def _check_destinations(out: Path, force: bool, dump_ir) -> None:
     """The artifact's and --dump-ir's locations can be written, checked before export."""
-    from runtime.artifact_writer import check_destination
+    from compiler.writer import check_destination
 
     check_destination(out, force)
     if dump_ir is not None:
@@ -220,10 +221,11 @@ def _write_partitioned(graph: Graph, out: Path, target, cfg: CompileConfig, pipe
                        dump_ir, force: bool, log: StageLog,
                        aliases: Mapping[str, str] | None = None) -> Path:
     """Partition over the `parallel:` mesh and write one graph and weight shards per rank."""
+    from compiler.writer import write_artifact
     from passes.parallel import Mesh
     from passes.parallel.partition import partition
-    from runtime.artifact_writer import write_artifact
 
+    _check_symbolic_shapes(graph, target)
     mesh = Mesh.from_config(cfg.parallel)
     with log.stage("partition", str(mesh)):
         plan = partition(graph, mesh, dump_dir=Path(dump_ir) / "parallel" if dump_ir else None,
@@ -266,6 +268,22 @@ def _backend(name: str):
     import backends
 
     return backends.get(name)
+
+
+def _check_symbolic_shapes(graph: Graph, target, fallback=None) -> None:
+    """A backend whose capabilities say `symbolic_shapes=False` builds its payload for one set
+    of sizes: a graph with size symbols is refused before lowering, naming where they enter
+    (with a fallback that handles them, the nodes go there instead)."""
+    if not graph.symbols or target.capabilities().symbolic_shapes or (
+            fallback is not None and fallback.capabilities().symbolic_shapes):
+        return
+    where = [f"input '{v.name}' dim {i} = {d}" for v in graph.inputs
+             for i, d in enumerate(v.type.shape) if not symbolic.is_static(d)]
+    raise DayzeroError(f"backend '{target.name}' needs static shapes, but the graph has size "
+                       f"symbols {', '.join(sorted(graph.symbols))} ({'; '.join(where[:3])})",
+                       f"backend {target.name}",
+                       "compile with static sizes (no dynamic_shapes), or choose a backend "
+                       "with symbolic shapes (dayzero backends lists them)")
 
 
 def _check_supported(graph: Graph, target, skip: frozenset[str] = frozenset(),

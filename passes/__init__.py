@@ -17,7 +17,7 @@ from . import (  # noqa: F401  (imported to register the built-in passes)
     quantize_weights,
     recognize_causal_masks,
     remove_noops,
-    schedule_memory,
+    schedule_for_memory,
 )
 from .base import OptionSpec, Pass, PassResult
 from .manager import PassCrashError, PassManager, PassRecord

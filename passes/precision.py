@@ -38,6 +38,7 @@ from typing import ClassVar, Literal
 
 from compiler.errors import DayzeroError
 from compiler.ir import DType, Graph, Node, Value, get_op
+from compiler.ir.weights import convert_weight
 
 from .base import Pass, PassResult
 from .registry import register_pass
@@ -94,7 +95,7 @@ class Precision(Pass):
         weight, act = _DTYPES[self.weight_dtype], _DTYPES[self.activation_dtype]
         if weight == F32 and act == F32:
             return PassResult(graph, False)
-        plan = _Planner(graph, act, weight, self.kept_ops()).plan()
+        plan = _PrecisionPlanner(graph, act, weight, self.kept_ops()).plan()
         changed = _Rewriter(graph, plan, self.cast_outputs).apply()
         return PassResult(graph, changed)
 
@@ -107,7 +108,7 @@ class _Plan:
     original: dict[int, DType] = field(default_factory=dict)  # id(value) -> dtype before
 
 
-class _Planner:
+class _PrecisionPlanner:
     """Decides, without touching the graph, the dtype each node reads each operand in."""
 
     def __init__(self, graph: Graph, act: DType, weight: DType, kept: frozenset[str]):
@@ -212,8 +213,6 @@ class _Rewriter:
         self.changed = False
 
     def apply(self) -> bool:
-        from compiler.checkpoint.precision import convert_weight
-
         for name, dtype in self.plan.storage.items():
             value = self.graph.weights[name]
             value.type = value.type.with_dtype(dtype)

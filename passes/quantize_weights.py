@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 
 from compiler.errors import DayzeroError
 from compiler.ir import DType, Graph, Node, TensorType
+from compiler.ir.weights import is_lazy
 
 from .base import Pass, PassResult
 from .registry import register_pass
@@ -145,11 +146,9 @@ def _quantized(graph: Graph, name: str, bits: int, group_size: int) -> tuple[Any
     import numpy as np
     import torch
 
-    from compiler.checkpoint.lazy_quantized import QuantizeJob, is_lazy
-
     data = graph.weight_data.get(name)
     if is_lazy(data):
-        return QuantizeJob(data, bits, group_size, quantize).handles()
+        return data.quantize_lazily(bits, group_size, quantize)
     if isinstance(data, (torch.Tensor, np.ndarray)):
         return quantize(data, bits, group_size)
     raise DayzeroError(f"weight '{name}' has no data to quantize", f"weight {name}",

@@ -33,7 +33,7 @@ from .convert_elementwise import Converter, in_dtype
 from .convert_fused import add_layer_norm, add_rms_norm, matmul_nbits, skip_norm_fits
 from .convert_nn import linear_fused_matmul
 from .native_ops import DOMAIN as NATIVE_DOMAIN
-from .probe import Kernel, KernelSet
+from .probe import KernelSet, OrtKernel
 
 MS = "com.microsoft"
 
@@ -45,7 +45,7 @@ class ContribFallbackWarning(UserWarning):
 @dataclass(frozen=True)
 class Variant:
     name: str
-    requires: tuple[Kernel, ...]
+    requires: tuple[OrtKernel, ...]
     fits: Callable[[Node], str | None]
     emit: Converter
 
@@ -80,47 +80,48 @@ def _mha_fits(node: Node) -> str | None:
 
 VARIANTS: dict[str, tuple[Variant, ...]] = {
     "linear": (
-        Variant("com.microsoft.FusedMatMul", (Kernel(MS, "FusedMatMul"),), _batched_linear,
+        Variant("com.microsoft.FusedMatMul", (OrtKernel(MS, "FusedMatMul"),), _batched_linear,
                 linear_fused_matmul),
     ),
     "gelu": (
-        Variant("com.microsoft.Gelu", (Kernel(MS, "Gelu"),), _gelu_form("none"), _contrib("Gelu")),
-        Variant("com.microsoft.FastGelu", (Kernel(MS, "FastGelu"),), _gelu_form("tanh"),
+        Variant("com.microsoft.Gelu", (OrtKernel(MS, "Gelu"),), _gelu_form("none"),
+                _contrib("Gelu")),
+        Variant("com.microsoft.FastGelu", (OrtKernel(MS, "FastGelu"),), _gelu_form("tanh"),
                 _contrib("FastGelu")),
     ),
     "silu": (
         # QuickGelu computes x * sigmoid(alpha * x): with alpha 1 it is exactly SiLU, in one pass.
-        Variant("com.microsoft.QuickGelu", (Kernel(MS, "QuickGelu"),), _float32,
+        Variant("com.microsoft.QuickGelu", (OrtKernel(MS, "QuickGelu"),), _float32,
                 _contrib("QuickGelu", alpha=1.0)),
     ),
     "quick_gelu": (
-        Variant("com.microsoft.QuickGelu", (Kernel(MS, "QuickGelu"),), _float32,
+        Variant("com.microsoft.QuickGelu", (OrtKernel(MS, "QuickGelu"),), _float32,
                 lambda b, node, x: [b.op1("QuickGelu", x, domain=MS,
                                           alpha=float(node.attrs["alpha"]))]),
     ),
     "add_rms_norm": (
         Variant("com.microsoft.SkipSimplifiedLayerNormalization",
-                (Kernel(MS, "SkipSimplifiedLayerNormalization"),),
+                (OrtKernel(MS, "SkipSimplifiedLayerNormalization"),),
                 lambda node: skip_norm_fits(node) or _float32(node), add_rms_norm),
     ),
     "add_layer_norm": (
-        Variant("com.microsoft.SkipLayerNormalization", (Kernel(MS, "SkipLayerNormalization"),),
+        Variant("com.microsoft.SkipLayerNormalization", (OrtKernel(MS, "SkipLayerNormalization"),),
                 lambda node: skip_norm_fits(node) or _float32(node), add_layer_norm),
     ),
     "scaled_dot_product_attention": (
-        Variant("com.microsoft.MultiHeadAttention", (Kernel(MS, "MultiHeadAttention"),),
+        Variant("com.microsoft.MultiHeadAttention", (OrtKernel(MS, "MultiHeadAttention"),),
                 _mha_fits, mha),
     ),
     "quantized_linear": (
-        Variant("com.microsoft.MatMulNBits", (Kernel(MS, "MatMulNBits"),), _float32,
+        Variant("com.microsoft.MatMulNBits", (OrtKernel(MS, "MatMulNBits"),), _float32,
                 matmul_nbits),
     ),
     "multi_head_attention": (
-        Variant("ai.dayzero.CausalAttention", (Kernel(NATIVE_DOMAIN, "CausalAttention"),),
+        Variant("ai.dayzero.CausalAttention", (OrtKernel(NATIVE_DOMAIN, "CausalAttention"),),
                 heads.causal_fits, heads.causal_attention),
-        Variant("com.microsoft.GroupQueryAttention", (Kernel(MS, "GroupQueryAttention"),),
+        Variant("com.microsoft.GroupQueryAttention", (OrtKernel(MS, "GroupQueryAttention"),),
                 heads.gqa_fits, heads.gqa),
-        Variant("com.microsoft.MultiHeadAttention", (Kernel(MS, "MultiHeadAttention"),),
+        Variant("com.microsoft.MultiHeadAttention", (OrtKernel(MS, "MultiHeadAttention"),),
                 heads.mha_fits, heads.mha),
     ),
 }

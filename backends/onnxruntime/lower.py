@@ -205,7 +205,7 @@ def _external(name: str, graph: Graph, weights: Mapping[str, WeightLocation]) ->
     if name not in weights:
         raise DayzeroError(f"weight '{name}' has no location in the artifact", f"weight {name}",
                            "write the weights before lowering "
-                           "(runtime.artifact_writer.write_artifact)")
+                           "(compiler.writer.write_artifact)")
     loc, value = weights[name], graph.weights[name]
     tensor = TensorProto()
     tensor.name = name

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class Kernel:
+class OrtKernel:
     """One kernel requirement: op `op_type` in `domain` ("" is ONNX) for element type `dtype`."""
 
     domain: str
@@ -33,7 +33,7 @@ class KernelSet:
         self._kernels = frozenset(kernels)
         self.excluded = frozenset(excluded)  # names left out on request (`exclude_kernels`)
 
-    def has(self, kernel: Kernel) -> bool:
+    def has(self, kernel: OrtKernel) -> bool:
         return (kernel.domain, kernel.op_type, kernel.dtype) in self._kernels
 
     def has_op(self, name: str) -> bool:

@@ -24,7 +24,7 @@ from compiler.errors import ArtifactError, DayzeroError
 from compiler.ir import OPS, Graph, Node, parse_ir, print_ir
 
 from ..base import ArtifactView, Backend, Capabilities, Executable, WeightLocation
-from ..partition import Segment, assign, segments, subgraph
+from ..capability_partition import Segment, assign, segments, subgraph
 from .emit import POW_EXPONENTS
 from .matmul import MATMUL_OPS
 from .plan import KERNEL_OPS, constants, module_source, plan, sha256

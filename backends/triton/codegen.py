@@ -50,7 +50,7 @@ class Kernel:
     unpermute: bool = False       # the output is in permuted order too (softmax): permute back
 
 
-class Unsupported(Exception):
+class NotOneKernel(Exception):
     """The nodes cannot form one kernel; the planner splits the group."""
 
 
@@ -72,7 +72,7 @@ def _fits(shape: Sequence[object], domain: Sequence[object]) -> bool:
 
 
 def _trailing(node: Node) -> int:
-    """How many trailing dims of its input a row op reduces; Unsupported if not trailing."""
+    """How many trailing dims of its input a row op reduces; NotOneKernel if not trailing."""
     rank = node.inputs[0].type.rank
     if rank == 0:
         return 1  # one row of one element: plan_domain makes F [1]
@@ -84,7 +84,7 @@ def _trailing(node: Node) -> int:
         dims = sorted(d % rank for d in node.attrs["dims"]) if node.attrs["dims"] else \
             list(range(rank))
     if dims != list(range(rank - len(dims), rank)):
-        raise Unsupported(f"{node.op} reduces dims {dims}, not the trailing ones")
+        raise NotOneKernel(f"{node.op} reduces dims {dims}, not the trailing ones")
     return len(dims)
 
 
@@ -98,11 +98,11 @@ def plan_domain(nodes: Sequence[Node]) -> tuple[tuple[object, ...], int]:
     for node in rows[1:]:
         if not (equal(product(node.inputs[0].shape), product(domain))
                 and _trailing(node) == reduced and _fits(node.inputs[0].shape, domain)):
-            raise Unsupported(f"%{node.output.name} reduces another domain")
+            raise NotOneKernel(f"%{node.output.name} reduces another domain")
     return domain, reduced
 
 
-class _Writer:
+class _KernelSourceWriter:
     def __init__(self, name: str, inputs: Sequence[Value], outputs: Sequence[Value],
                  domain: tuple[object, ...], reduced: int, constants: Mapping[str, float]):
         self.name, self.inputs, self.outputs = name, list(inputs), list(outputs)
@@ -137,7 +137,7 @@ class _Writer:
     def load_inputs(self) -> None:
         for i, value in enumerate(self.inputs):
             if not _fits(value.shape, self.domain):
-                raise Unsupported(f"%{value.name} does not broadcast to the kernel domain")
+                raise NotOneKernel(f"%{value.name} does not broadcast to the kernel domain")
             terms = [f"c{d} * s{i}_{d}" for d in range(self.rank)] or ["offs * 0"]
             load = f"tl.load(in{i} + {' + '.join(terms)}, mask=mask, other=0)"
             if value.dtype in _FLOATS:
@@ -150,14 +150,14 @@ class _Writer:
         args = [None if v is None else self.expr.get(id(v)) for v in node.inputs]
         needed = node.inputs[:1] if node.op == "pow" else node.inputs  # exponent is inlined
         if any(a is None for a, v in zip(args, needed) if v is not None):
-            raise Unsupported(f"%{out.name} reads a value the kernel does not have")
+            raise NotOneKernel(f"%{out.name} reads a value the kernel does not have")
         var = f"v{k}"
         if node.op in ("expand", "reshape"):
             self._alias(node, args[0])
             return
         if node.op in ROW_OPS:
             if not self.reduced or self.is_row[id(node.inputs[0])]:
-                raise Unsupported(f"%{out.name}: {node.op} of a per-row value")
+                raise NotOneKernel(f"%{out.name}: {node.op} of a per-row value")
             self.lines += row_lines(node.op, var, args[0], args[1:], node.attrs)
             self.is_row[id(out)] = node.op not in VECTOR_RESULT
         else:
@@ -170,14 +170,14 @@ class _Writer:
         same = equal(product(src.shape), product(self.domain)) or self.is_row[id(src)] or \
             node.op == "expand"
         if not same:
-            raise Unsupported(f"%{out.name}: reshape of a broadcast value inside a kernel")
+            raise NotOneKernel(f"%{out.name}: reshape of a broadcast value inside a kernel")
         self.expr[id(out)], self.is_row[id(out)] = arg, self.is_row[id(src)]
 
     def _elementwise(self, node: Node, args: list[str]) -> str:
         if node.op == "pow":
             exponent = self.constants.get(node.inputs[1].name)
             if exponent not in POW_EXPONENTS:
-                raise Unsupported(f"%{node.output.name}: pow with exponent {exponent}")
+                raise NotOneKernel(f"%{node.output.name}: pow with exponent {exponent}")
             return POW_EXPONENTS[exponent].format(args[0])
         if node.op == "cast":
             return _cast(args[0], node.inputs[0].dtype, node.output.dtype)
@@ -187,9 +187,9 @@ class _Writer:
         if op in INT_IDENTITY and node.inputs[0].dtype not in _FLOATS:
             return args[0]
         if op not in ELEMENTWISE:
-            raise Unsupported(f"op {op} has no Triton expression")
+            raise NotOneKernel(f"op {op} has no Triton expression")
         if node.op == "div" and node.attrs.get("rounding_mode") is not None:
-            raise Unsupported("div with a rounding mode")
+            raise NotOneKernel("div with a rounding mode")
         return ELEMENTWISE[op](args, node.attrs)
 
     def store_outputs(self) -> None:
@@ -205,7 +205,7 @@ class _Writer:
                 else:
                     self.lines.append(f"tl.store(out{j} + row + r * 0, {typed}, mask=r == 0)")
             else:
-                raise Unsupported(f"%{value.name} is neither per element nor per row")
+                raise NotOneKernel(f"%{value.name} is neither per element nor per row")
 
     def source(self) -> str:
         return "\n".join([*self.header(), *("    " + line for line in self.lines)]) + "\n"
@@ -217,20 +217,20 @@ def _cast(expr: str, src: DType, dst: DType) -> str:
     if dst in _FLOATS:
         return f"({expr}).to(tl.float32)"
     if dst not in TL_DTYPES:
-        raise Unsupported(f"cast to {dst.value}")
+        raise NotOneKernel(f"cast to {dst.value}")
     return f"({expr}).to({TL_DTYPES[dst]})"
 
 
 def generate(name: str, nodes: Sequence[Node], inputs: Sequence[Value],
              outputs: Sequence[Value], constants: Mapping[str, float]) -> Kernel:
-    """The kernel computing `nodes` from `inputs` and storing `outputs`; raises Unsupported.
+    """The kernel computing `nodes` from `inputs` and storing `outputs`; raises NotOneKernel.
 
     `constants` maps names of 0-d constant values to their numbers (for pow exponents)."""
     for value in [*inputs, *outputs]:
         if value.dtype not in TL_DTYPES:
-            raise Unsupported(f"%{value.name} has dtype {value.dtype.value}")
+            raise NotOneKernel(f"%{value.name} has dtype {value.dtype.value}")
     domain, reduced = plan_domain(nodes)
-    writer = _Writer(name, inputs, outputs, domain, reduced, constants)
+    writer = _KernelSourceWriter(name, inputs, outputs, domain, reduced, constants)
     writer.load_inputs()
     for k, node in enumerate(nodes):
         writer.node(k, node)
@@ -247,7 +247,7 @@ def generate_permuted(name: str, node: Node) -> Kernel:
     """A row kernel for a reduction or softmax over non-trailing dims: the launcher permutes
     the input (a strided view, no copy) so the reduced dims come last."""
     if node.op not in _PERMUTABLE:
-        raise Unsupported(f"{node.op} over non-trailing dims")
+        raise NotOneKernel(f"{node.op} over non-trailing dims")
     x, out = node.inputs[0], node.outputs[0]
     rank = x.type.rank
     if node.op in ("softmax", "log_softmax"):

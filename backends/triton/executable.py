@@ -35,7 +35,7 @@ from compiler.ir.ops.registry import META_ATTRS
 from ..user_cache import user_cache_dir
 from . import matmul
 from .autotune import Autotuner
-from .plan import Step, sha256
+from .plan import LaunchStep, sha256
 
 _MAX_BLOCK = 1024
 
@@ -90,7 +90,7 @@ def _next_pow2(n: int) -> int:
 class TritonExecutable:
     """Inputs in graph order -> outputs in graph order (numpy arrays)."""
 
-    def __init__(self, graph: Graph, weights: Mapping[str, Any], steps: list[Step],
+    def __init__(self, graph: Graph, weights: Mapping[str, Any], steps: list[LaunchStep],
                  module: Any, device: str, fallbacks: Sequence[tuple[Any, Any]] = (),
                  slots: Mapping[str, tuple[int, int]] | None = None, arena_bytes: int = 0):
         import torch
@@ -143,7 +143,7 @@ class TritonExecutable:
             return self.arena[offset:offset + nbytes].view(dtype).view(shape)
         return torch.empty(shape, dtype=dtype, device=self.device)
 
-    def _launch(self, step: Step, env: dict, bindings: Mapping[str, int]) -> None:
+    def _launch(self, step: LaunchStep, env: dict, bindings: Mapping[str, int]) -> None:
         import torch
 
         kernel = step.kernel
@@ -184,7 +184,7 @@ class TritonExecutable:
             outs = [t.permute(inverse) for t in outs]
         env.update(zip(kernel.outputs, outs))
 
-    def _launch_matmul(self, step: Step, env: dict, bindings: Mapping[str, int]) -> None:
+    def _launch_matmul(self, step: LaunchStep, env: dict, bindings: Mapping[str, int]) -> None:
         import torch
 
         kernel = step.kernel
@@ -208,7 +208,7 @@ class TritonExecutable:
                 out.copy_(target)
         env.update(zip(kernel.outputs, outs))
 
-    def _fallback(self, step: Step, env: dict, bindings: Mapping[str, int]) -> None:
+    def _fallback(self, step: LaunchStep, env: dict, bindings: Mapping[str, int]) -> None:
         """Run a fallback segment; CPU tensors cross as numpy views of the same memory."""
         import torch
 
@@ -217,7 +217,7 @@ class TritonExecutable:
         for name, array in zip(segment.outputs, results):
             env[name] = torch.from_numpy(array).to(self.device)
 
-    def _host(self, step: Step, env: dict, bindings: Mapping[str, int]) -> None:
+    def _host(self, step: LaunchStep, env: dict, bindings: Mapping[str, int]) -> None:
         node = step.node
         args = [None if v is None else env[v.name] for v in node.inputs]
         attrs = {k: symbolic.resolve(v, bindings) for k, v in node.attrs.items()

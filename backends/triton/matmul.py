@@ -28,7 +28,7 @@ from compiler.ir import DType, Node, Value
 from compiler.ir.ops.fused import ACTIVATIONS
 from compiler.ir.symbolic import equal
 
-from .codegen import Unsupported
+from .codegen import NotOneKernel
 from .emit import ELEMENTWISE, POW_EXPONENTS
 
 MATMUL_OPS = frozenset({"matmul", "linear", "fused_linear"})
@@ -130,7 +130,7 @@ def epilogue(node: Node, following: Sequence[Node], users: Mapping[Value, list[N
     return []
 
 
-class _Writer:
+class _MatmulSourceWriter:
     """The kernel source, line by line; `expr` maps value ids to their tile expressions."""
 
     def __init__(self, name: str, batch: int, extras: int, outs: int):
@@ -219,7 +219,7 @@ def generate_matmul(name: str, node: Node, chain: Sequence[Node], outputs: Seque
         for v in operands:
             if v is not None and v is not result and id(v) not in inside:
                 extras.setdefault(id(v), v)
-    writer = _Writer(name, batch, len(extras), len(outputs))
+    writer = _MatmulSourceWriter(name, batch, len(extras), len(outputs))
     writer.tiles()
     writer.main_loop(', input_precision="ieee"' if a.dtype == DType.f32 else "")
     expr = {id(v): f"x{i}" for i, v in enumerate(extras.values())}
@@ -235,7 +235,7 @@ def generate_matmul(name: str, node: Node, chain: Sequence[Node], outputs: Seque
         expr[id(member.output)] = f"v{k}"
     for j, out in enumerate(outputs):
         if id(out) not in expr:
-            raise Unsupported(f"%{out.name} is not computed by the kernel")
+            raise NotOneKernel(f"%{out.name} is not computed by the kernel")
         writer.lines.append(f"tl.store({writer.tile(f'o{j}', f'so{j}')}, "
                             f"({expr[id(out)]}).to({TL_FLOATS[out.dtype]}), mask=mask)")
     source = "\n".join([*writer.header(), *("    " + line for line in writer.lines)]) + "\n"

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from compiler.ir import Graph, Node, Value
 
-from .codegen import Kernel, Unsupported, generate, generate_permuted
+from .codegen import Kernel, NotOneKernel, generate, generate_permuted
 from .emit import ELEMENTWISE, ROW_OPS
 from .matmul import MATMUL_OPS, MatmulKernel, epilogue, generate_matmul, misfit
 
@@ -31,7 +31,7 @@ MODULE_HEADER = "import triton\nimport triton.language as tl\n"
 
 
 @dataclass(frozen=True)
-class Step:
+class LaunchStep:
     """One thing the executable does: launch `kernel` (an elementwise/row `Kernel` or a GEMM
     `MatmulKernel`), run `node` on the host, or run fallback segment number `segment` on the
     fallback backend. `kind` names which, so the executable dispatches through a table."""
@@ -71,13 +71,13 @@ def _units(graph: Graph) -> list[list[Node]]:
     return units
 
 
-class _Planner:
+class _LaunchPlanner:
     def __init__(self, graph: Graph):
         self.graph = graph
         self.users = graph.users()
         self.returned = {id(v) for v in graph.outputs}
         self.constants = constants(graph)
-        self.steps: list[Step] = []
+        self.steps: list[LaunchStep] = []
 
     def unit(self, nodes: list[Node], following: list[Node]) -> bool:
         """Plan one unit; `following` is the next unit, which a matmul may take into its
@@ -87,14 +87,14 @@ class _Planner:
         produced = {id(v) for n in nodes for v in n.outputs}
         pre = [n for n in nodes if n.op == "reshape" and id(n.inputs[0]) not in produced]
         body = [n for n in nodes if n not in pre]
-        self.steps += [Step(node=n) for n in pre]
+        self.steps += [LaunchStep(node=n) for n in pre]
         if len(body) > 1 and self._kernel(body):
             return False
         for node in body:
             if node.op in MATMUL_OPS:
                 self._matmul(node, [])
             elif node.op not in KERNEL_OPS or not self._kernel([node]):
-                self.steps.append(Step(node=node))
+                self.steps.append(LaunchStep(node=node))
         return False
 
     def _name(self, node: Node) -> str:
@@ -104,7 +104,7 @@ class _Planner:
         """A GEMM kernel for `node`, with `following` as its epilogue when it qualifies; a host
         op when the template does not fit."""
         if misfit(node) is not None:
-            self.steps.append(Step(node=node))
+            self.steps.append(LaunchStep(node=node))
             return False
         chain = epilogue(node, following, self.users, self.returned, self.constants)
         inside = {id(n) for n in chain}
@@ -113,10 +113,10 @@ class _Planner:
         try:
             kernel = generate_matmul(self._name(node), node, chain, outputs or [node.output],
                                      self.constants)
-        except Unsupported:
+        except NotOneKernel:
             chain = []
             kernel = generate_matmul(self._name(node), node, [], [node.output], self.constants)
-        self.steps.append(Step(kernel=kernel))
+        self.steps.append(LaunchStep(kernel=kernel))
         return bool(chain)
 
     def _kernel(self, nodes: list[Node]) -> bool:
@@ -132,28 +132,28 @@ class _Planner:
         name = self._name(nodes[0])
         try:
             kernel = generate(name, nodes, list(inputs.values()), outputs, self.constants)
-        except Unsupported:
+        except NotOneKernel:
             if len(nodes) > 1 or len(outputs) != 1:
                 return False
             try:
                 kernel = generate_permuted(name, nodes[0])
-            except Unsupported:
+            except NotOneKernel:
                 return False
-        self.steps.append(Step(kernel=kernel))
+        self.steps.append(LaunchStep(kernel=kernel))
         return True
 
 
-def _inlined(node: Node, value: Value, planner: _Planner) -> bool:
+def _inlined(node: Node, value: Value, planner: _LaunchPlanner) -> bool:
     """pow's constant exponent is written into the kernel, not loaded."""
     return node.op == "pow" and value is node.inputs[1] and value.name in planner.constants
 
 
-def plan(graph: Graph, foreign: Mapping[str, int] | None = None) -> list[Step]:
+def plan(graph: Graph, foreign: Mapping[str, int] | None = None) -> list[LaunchStep]:
     """The executable's steps for `graph` (deterministic: same graph, same kernels).
 
     `foreign` maps nodes (by first output name) tagged for the fallback to their segment."""
     foreign = foreign or {}
-    planner = _Planner(graph)
+    planner = _LaunchPlanner(graph)
     units = _units(graph)
     local = [not any(n.outputs[0].name in foreign for n in nodes) for nodes in units]
     taken = False  # the previous unit's matmul took this unit into its epilogue
@@ -169,11 +169,11 @@ def plan(graph: Graph, foreign: Mapping[str, int] | None = None) -> list[Step]:
                 if segment is None:
                     planner.unit([node], [])
                 elif not planner.steps or planner.steps[-1].segment != segment:
-                    planner.steps.append(Step(segment=segment))
+                    planner.steps.append(LaunchStep(segment=segment))
     return planner.steps
 
 
-def module_source(steps: list[Step]) -> str:
+def module_source(steps: list[LaunchStep]) -> str:
     """The Python module holding every kernel of a plan."""
     return MODULE_HEADER + "".join(f"\n\n{s.kernel.source}" for s in steps if s.kernel)
 

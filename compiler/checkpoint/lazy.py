@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from compiler.ir import DType
+from compiler.ir.weights import Quantizer, concat_rows  # noqa: F401  (concat_rows re-exported)
 
 from . import precision
 from .layout import CheckpointError, CheckpointLayout, TensorRecord
@@ -180,6 +181,20 @@ class _Lazy:
     def reshape(self, *shape):
         return self.load().reshape(*shape)
 
+    # -- the rest of compiler.ir.weights.LazyWeight: what passes may ask without reading --------
+    def concat_rows_lazily(self, rest: Sequence[Any]) -> LazyConcat | None:
+        if not all(isinstance(p, _Lazy) for p in rest):
+            return None
+        try:
+            return LazyConcat([self, *rest])
+        except ValueError:
+            return None
+
+    def quantize_lazily(self, bits: int, group_size: int, quantize: Quantizer) -> tuple:
+        from .lazy_quantized import QuantizeJob  # it builds on this module
+
+        return QuantizeJob(self, bits, group_size, quantize).handles()
+
 
 class LazyTensor(_Lazy):
     """A checkpoint tensor converted to `ir_dtype` on read; see the module docstring."""
@@ -308,22 +323,6 @@ class LazyConcat(_Lazy):
     def _chunks(self, chunk_bytes: int) -> Iterator[memoryview]:
         for part in self.parts:
             yield from part._chunks(chunk_bytes)
-
-
-def concat_rows(parts: Sequence[Any]) -> Any:
-    """`torch.cat(parts, dim=0)`, lazily when every part is a lazy handle.
-
-    For passes that merge weights (horizontal fusion): with a checkpoint's lazy handles, the
-    merged weight then streams from the shards like any other instead of being held in memory.
-    """
-    if parts and all(isinstance(p, _Lazy) for p in parts):
-        try:
-            return LazyConcat(parts)
-        except ValueError:
-            pass
-    import torch
-
-    return torch.cat([torch.as_tensor(p) for p in parts], dim=0)
 
 
 def _unreadable(path, record: TensorRecord, what: str) -> CheckpointError:

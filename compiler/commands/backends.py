@@ -16,7 +16,8 @@ def backends_command(args) -> int:
     for name in backends.available():
         try:
             caps = backends.get(name).capabilities()
-            print(f"{name}: {len(caps.ops)} ops")
+            static = "" if caps.symbolic_shapes else ", static shapes only"
+            print(f"{name}: {len(caps.ops)} ops{static}")
         except DayzeroError as exc:
             print(f"{name}: unavailable ({exc.what})")
     return 0

@@ -88,7 +88,7 @@ def add_parser(sub) -> None:
 
 
 def compile_command(args) -> int:
-    from runtime.artifact_writer import check_destination
+    from compiler.writer import check_destination
 
     from ..driver import compile
     from ..spec import load_spec

@@ -1,6 +1,6 @@
 """The builder the ATen converters write IR through.
 
-One `Emitter` serves a whole conversion; before each FX node the walker points it at that node
+One `AtenEmitter` serves a whole conversion; before each FX node the walker points it at that node
 (`begin`), so every IR node a converter adds carries the node's source location, and converters
 can read what torch computed for the node (`out_dtype`, `out_shape`) instead of re-deriving
 torch's type promotion and shape arithmetic. Scalars become 0-d `constant` nodes and mixed dtypes
@@ -31,7 +31,7 @@ def ir_dtype(dtype: torch.dtype) -> DType:
         raise Unsupported(f"dtype {dtype} has no IR equivalent") from None
 
 
-class Emitter:
+class AtenEmitter:
     """Adds IR nodes for the FX node being converted; see the module docstring."""
 
     def __init__(self, graph: Graph, symbols: SymbolMap):

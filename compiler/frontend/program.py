@@ -17,8 +17,8 @@ from torch.export.graph_signature import InputKind, OutputKind
 from compiler.errors import DayzeroError
 from compiler.ir import Graph, TensorType, Value, verify
 
-from .convert import FxConverter, conversion_error, unsupported_error
 from .emitter import Unsupported, ir_dtype
+from .fx_to_ir import FxConverter, conversion_error, unsupported_error
 from .locations import Location, module_location
 from .symbols import SymbolMap, UnsupportedSymbol
 

@@ -18,7 +18,7 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from compiler.frontend import trace_program
-from compiler.frontend.convert import op_name
+from compiler.frontend.fx_to_ir import op_name
 
 from .graph_module import Prepared, dynamic_dims
 

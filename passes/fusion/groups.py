@@ -56,7 +56,7 @@ def is_member(node: Node) -> bool:
     return node.op == "reshape" and _is_unit_reshape(node)
 
 
-class _Sizes:
+class _GroupSizes:
     """Element counts of values (symbolic, compared exactly) and their costing hints."""
 
     def __init__(self, graph: Graph):
@@ -77,7 +77,7 @@ class _Sizes:
         return self.hint(self.numel(value)) * value.dtype.itemsize
 
 
-def _reduced_rows(node: Node, sizes: _Sizes):
+def _reduced_rows(node: Node, sizes: _GroupSizes):
     x = node.inputs[0]
     if node.op in ("softmax", "log_softmax") and x.type.rank:  # of a 0-d x: one row
         dim = node.attrs["dim"] % x.type.rank
@@ -91,7 +91,7 @@ class _Domain:
     rows: object | None
 
 
-def domain(nodes: list[Node], sizes: _Sizes) -> _Domain | str:
+def domain(nodes: list[Node], sizes: _GroupSizes) -> _Domain | str:
     """The iteration domain of a would-be group, or why its members cannot share one kernel."""
     reductions = [n for n in nodes if n.op in REDUCTIONS]
     if reductions:
@@ -109,7 +109,7 @@ def domain(nodes: list[Node], sizes: _Sizes) -> _Domain | str:
     return _Domain(full, rows)
 
 
-def traffic(nodes: list[Node], sizes: _Sizes, users: dict, returned: set[int]) -> int | None:
+def traffic(nodes: list[Node], sizes: _GroupSizes, users: dict, returned: set[int]) -> int | None:
     """Bytes a kernel for `nodes` moves (plus recomputation); None if they cannot share one."""
     dom = domain(nodes, sizes)
     if isinstance(dom, str):
@@ -174,7 +174,7 @@ class Partition:
 
 def partition(graph: Graph, max_nodes: int) -> list[list[Node]]:
     """Greedy partition of the member nodes; returns the groups of two or more nodes."""
-    sizes = _Sizes(graph)
+    sizes = _GroupSizes(graph)
     part = Partition(graph)
     returned = {id(v) for v in graph.outputs}
     for node in graph.nodes:

@@ -14,6 +14,7 @@ original weight read by nothing else (otherwise its bytes would be stored twice)
 from __future__ import annotations
 
 from compiler.ir import Graph, Node, TensorType, Value
+from compiler.ir.weights import concat_rows
 
 from ..rewrite import RewriteBuilder, RewriteRecord
 from ..rewrite.match import same_dim as equal
@@ -74,8 +75,6 @@ def merged_name(names: list[str]) -> str:
 
 def merge_group(graph: Graph, nodes: list[Node]) -> RewriteRecord:
     """Replace `nodes` (linears of one input) by one linear and slices of its result."""
-    from compiler.checkpoint import concat_rows
-
     first = nodes[0]
     x = first.inputs[0]
     weights = [n.inputs[1] for n in nodes]
@@ -83,7 +82,7 @@ def merge_group(graph: Graph, nodes: list[Node]) -> RewriteRecord:
     rows = [w.shape[0] for w in weights]
     total = sum(rows)
     builder = RewriteBuilder(graph, first)
-    # concat_rows stays lazy for checkpoint-backed weights, so merging never reads them whole
+    # concat_rows stays lazy for lazy (checkpoint-backed) weights: merging never reads them
     w_data = concat_rows([graph.weight_data[w.name] for w in weights])
     weight = builder.weight(merged_name([w.name for w in weights]), w_data,
                             TensorType(weights[0].dtype, (total, weights[0].shape[1])))

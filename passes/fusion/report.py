@@ -17,21 +17,20 @@ def op_counts(graph: Graph) -> Counter:
 
 
 def records_of(manager) -> list[RewriteRecord]:
-    """The rewrite records of every `fuse` pass in a PassManager's last run, in order."""
-    from ..fuse import Fuse
+    """The rewrite records of every `fuse` pass in a PassManager's last run, in order.
 
-    records: list[RewriteRecord] = []
-    for pass_ in manager.passes:
-        if isinstance(pass_, Fuse):
-            records.extend(pass_.records())
-    return records
+    Passes are found by their registered name: the pattern sets sit below the pass that runs
+    them and do not import it."""
+    return [r for p in _fuse_passes(manager) for r in p.records()]
 
 
 def misses_of(manager) -> list[RewriteMiss]:
     """The failed attempts of the last sweep of every `fuse` pass in a PassManager's last run."""
-    from ..fuse import Fuse
+    return [m for p in _fuse_passes(manager) for m in p.misses()]
 
-    return [m for p in manager.passes if isinstance(p, Fuse) for m in p.misses()]
+
+def _fuse_passes(manager) -> list:
+    return [p for p in manager.passes if p.name == "fuse"]
 
 
 @dataclass(frozen=True)

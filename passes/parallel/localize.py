@@ -20,8 +20,8 @@ from compiler.errors import DayzeroError
 from compiler.ir import Graph, Node, TensorType, Value, format_node
 from compiler.ir.symbolic import equal
 
-from .convert import explicit_layouts, parse_layout, plan_conversion
 from .layout import REPLICATED, Layout, local_size
+from .layout_conversion import explicit_layouts, parse_layout, plan_conversion
 from .mesh import DATA_AXES, Mesh
 from .rules import decide
 

@@ -21,7 +21,7 @@ from compiler.ir import Graph, verify
 
 from .localize import localize
 from .mesh import DATA_AXES, Mesh
-from .pipeline import Stage, cut, plan_stages, stage_report, transfers
+from .pipeline_stages import Stage, cut, plan_stages, stage_report, transfers
 from .report import communication_report
 
 

@@ -27,8 +27,8 @@ from compiler.ir.ops.collective import COMMUNICATION_OPS
 from passes.base import Pass, PassResult
 from passes.registry import register_pass
 
-from .convert import emit_conversion, parse_layout, plan_conversion
 from .layout import REPLICATED, Layout
+from .layout_conversion import emit_conversion, parse_layout, plan_conversion
 from .rules import Decision, decide
 
 _EXPLICIT = {"shard"} | COMMUNICATION_OPS  # ops whose result layout their attributes state

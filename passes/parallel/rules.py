@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from compiler.ir import Node, get_op
 from compiler.ir.symbolic import Dim, equal
 
-from .convert import explicit_layouts
 from .layout import REPLICATED, Layout, divisible
+from .layout_conversion import explicit_layouts
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ import onnx
 
 from backends.onnxruntime import OnnxRuntimeBackend
 from compiler.ir import Graph
+from compiler.writer import write_artifact
 from runtime.artifact import Artifact
-from runtime.artifact_writer import write_artifact
 
 
 def compile_graph(graph: Graph, out: Path, options: dict | None = None) -> Path:

@@ -353,7 +353,7 @@ def test_outputs_that_are_inputs_weights_constants_or_repeated(tmp_path):
 def test_specs_that_disagree_with_the_model_are_refused_at_load(tmp_path, edit, message):
     """manifest.json is not hashed (it holds the hashes): an edited spec must not make the model
     answer with tensors its specs do not describe."""
-    from runtime.artifact_writer import write_artifact
+    from compiler.writer import write_artifact
     from tests.runtime.conftest import mlp_graph
 
     out = write_artifact(tmp_path / "m.dz", mlp_graph(), "onnxruntime")

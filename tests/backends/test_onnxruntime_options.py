@@ -22,9 +22,9 @@ from compiler.config import load_config
 from compiler.driver import _lower_options
 from compiler.errors import DayzeroError
 from compiler.ir import DType, Graph, TensorType
+from compiler.writer import write_artifact
 from examples.mlp import build
 from runtime.artifact import Artifact
-from runtime.artifact_writer import write_artifact
 from tests.backends.onnxruntime_util import compile_graph
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ import backends
 import runtime
 from compiler.errors import DayzeroError
 from compiler.ir import DType, Graph, TensorType, parse_ir, symbol
-from runtime.artifact_writer import write_artifact
+from compiler.writer import write_artifact
 
 MLP = """graph main {
   symbol s0 in [1, 32]

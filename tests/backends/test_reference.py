@@ -12,7 +12,7 @@ import runtime
 from backends.reference import ReferenceBackend, check_weights
 from compiler.errors import ArtifactError, DayzeroError
 from compiler.ir import OPS, DType, Graph, TensorType, symbol
-from runtime.artifact_writer import write_artifact
+from compiler.writer import write_artifact
 
 S0 = symbol("s0")
 HEADS, HEAD, DIM = 2, 4, 8

@@ -15,8 +15,8 @@ from backends.reference.arena import ArenaLayout, run_in_arena
 from backends.reference.interpreter import run_graph
 from compiler.errors import ArtifactError, InputError, VerificationError
 from compiler.ir import parse_ir, verify
+from compiler.writer import write_artifact
 from passes.memory import MemoryPlan, plan_graph, verify_plan
-from runtime.artifact_writer import write_artifact
 
 # Covers every way a value is placed: own slots (linear, a materialised transpose, attention,
 # topk's two results), views sharing a buffer (reshape; select and slice along dim 1 after a

@@ -221,7 +221,7 @@ def test_uncovered_op_without_fallback_is_refused(tmp_path):
 
 
 def test_partitioner_tags_maximal_runs(tmp_path):
-    from backends.partition import assign, segments
+    from backends.capability_partition import assign, segments
     from backends.registry import get
 
     graph = compiler.export(ConvNet().eval(), (torch.randn(2, 4, 10),))

@@ -23,7 +23,7 @@ from backends.triton.matmul import generate_matmul, launch, misfit, prepare  # n
 from backends.triton.plan import plan  # noqa: E402
 from compiler.ir import DType, Graph, TensorType, parse_ir, symbol, verify  # noqa: E402
 from compiler.ir.ops.fused import ACTIVATIONS  # noqa: E402
-from runtime.artifact_writer import write_artifact  # noqa: E402
+from compiler.writer import write_artifact  # noqa: E402
 
 pytest.importorskip("triton")
 

@@ -12,8 +12,8 @@ import pytest  # noqa: E402
 
 from backends.triton import TritonBackend  # noqa: E402
 from compiler.errors import DayzeroError  # noqa: E402
+from compiler.writer import write_artifact  # noqa: E402
 from runtime.artifact import Artifact
-from runtime.artifact_writer import write_artifact  # noqa: E402
 from tests.backends.onnxruntime_cases import CASES  # noqa: E402
 from tests.backends.test_onnxruntime_ops import build, matches_reference  # noqa: E402
 

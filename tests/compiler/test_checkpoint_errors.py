@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from compiler.checkpoint import CheckpointError, compile_checkpoint, open_checkpoint, read_layout
+from compiler.ir.weights import WeightOverflowError
 
 from .checkpoint_util import index, read_raw_header, save, shards, tiny_gpt2, write_index, write_raw
 
@@ -220,8 +221,8 @@ def test_fp16_overflow_names_the_weight_and_leaves_no_artifact(tmp_path):
     state["transformer.h.0.mlp.c_fc.weight"][3, 7] = 1e5  # finite in bf16, inf in fp16
     save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
     out = tmp_path / "m.dz"
-    with pytest.raises(CheckpointError, match=r"weight 'transformer\.h\.0\.mlp\.c_fc\.weight' "
-                                              r"does not fit f16: 1 finite value\(s\)"):
+    with pytest.raises(WeightOverflowError, match=r"weight 'transformer\.h\.0\.mlp\.c_fc\.weight' "
+                                                  r"does not fit f16: 1 finite value\(s\)"):
         compile_checkpoint(folder, out, backend="reference",
                            config={"precision": {"weight_dtype": "fp16",
                                                  "activation_dtype": "fp16"}})

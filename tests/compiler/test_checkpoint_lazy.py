@@ -7,9 +7,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from compiler.checkpoint import CheckpointError, LazyConcat, ShardReader, concat_rows, read_layout
+from compiler.checkpoint import LazyConcat, ShardReader, concat_rows, read_layout
+from compiler.checkpoint.layout import CheckpointError
 from compiler.checkpoint.precision import convert, convert_weight
 from compiler.ir import DType
+from compiler.ir.weights import WeightOverflowError
 from runtime.safetensors_io import TensorEntry, tensor_chunks
 
 from .checkpoint_util import write_raw
@@ -66,8 +68,9 @@ def test_handles_become_tensors_and_arrays_on_demand(folder):
 def test_narrowing_to_fp16_reports_overflow_by_name(folder):
     root, _ = folder
     _, handle = _handle(root, "big", DType.f16)
-    with pytest.raises(CheckpointError, match=r"weight 'big' does not fit f16: 2 finite value\(s\) "
-                                              r"overflow to inf \(largest magnitude 70000"):
+    with pytest.raises(WeightOverflowError, match=r"weight 'big' does not fit f16: 2 finite "
+                                                  r"value\(s\) overflow to inf "
+                                                  r"\(largest magnitude 70000"):
         list(handle.iter_chunks())
 
 
@@ -121,7 +124,7 @@ def test_convert_weight_on_plain_tensors():
     assert convert_weight(t, DType.f32, "t") is t  # nothing to convert
     assert convert_weight(t, DType.bf16, "t").dtype == torch.bfloat16
     assert convert(t, DType.f32, "t") is not t  # always a new tensor
-    with pytest.raises(CheckpointError, match="weight 'huge' does not fit bf16"):
+    with pytest.raises(WeightOverflowError, match="weight 'huge' does not fit bf16"):
         convert(torch.tensor([3.4e38]), DType.bf16, "huge")
 
 

@@ -214,12 +214,12 @@ def test_dump_ir_into_a_file_is_refused_before_export(tmp_path, capsys):
 def test_write_errors_name_the_path_and_the_reason(code, tmp_path, capsys, monkeypatch):
     import os
 
-    import runtime.artifact_writer as writer
+    import compiler.writer.artifact_writer as writer
 
     def full(root, rel, data, files):
         raise OSError(code, os.strerror(code), str(root / rel))
 
-    monkeypatch.setattr(writer, "_put", full)
+    monkeypatch.setattr(writer, "put_file", full)
     out = tmp_path / "m.dz"
     assert main(["compile", MLP, "-o", str(out), "--backend", "reference"]) == 1
     err = capsys.readouterr().err

@@ -234,9 +234,10 @@ def test_single_ops_match_eager(name):
 
 # OpInfo's samples, through torch.compile: each op's float32 samples in one module, as
 # test_opinfo.py builds them; sort has no converter, so it exercises the eager partition.
-OPINFO_SUBSET = ["add", "mul", "div.no_rounding_mode", "exp", "rsqrt", "sigmoid", "tanh", "where", "clamp",
-                 "matmul", "softmax", "nn.functional.layer_norm", "nn.functional.gelu",
-                 "nn.functional.silu", "cat", "permute", "mean", "amax", "cumsum", "sort"]
+OPINFO_SUBSET = ["add", "mul", "div.no_rounding_mode", "exp", "rsqrt", "sigmoid", "tanh",
+                 "where", "clamp", "matmul", "softmax", "nn.functional.layer_norm",
+                 "nn.functional.gelu", "nn.functional.silu", "cat", "permute", "mean", "amax",
+                 "cumsum", "sort"]
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from compiler.cli import main
+from compiler.writer import write_artifact
 from passes.memory import MemoryPlan, plan_graph, verify_plan
 from passes.memory.report import human_bytes, summarize
-from runtime.artifact_writer import write_artifact
 from tests.passes.memory_util import graph
 
 MODEL = """

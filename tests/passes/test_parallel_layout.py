@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from compiler.errors import DayzeroError
 from compiler.ir import symbol
 from passes.parallel import REPLICATED, Layout, Mesh
-from passes.parallel.convert import plan_conversion, pre_slice
+from passes.parallel.layout_conversion import plan_conversion, pre_slice
 from passes.parallel.rules_view import reshape_blocks, reshape_mapping
 
 S0 = symbol("s0")

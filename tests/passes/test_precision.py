@@ -10,9 +10,9 @@ from torch import nn
 
 import compiler
 from backends.reference.interpreter import run_graph
-from compiler.checkpoint import CheckpointError
 from compiler.errors import DayzeroError
 from compiler.ir import DType, print_ir
+from compiler.ir.weights import WeightOverflowError
 from passes import format_pipeline, parse_pipeline
 
 LM = """
@@ -132,7 +132,7 @@ def test_fp32_pair_is_a_no_op(run_pass):
 
 def test_overflowing_weight_is_named(run_pass):
     weights = {"w1": torch.full((16, 8), 1e5), "b1": torch.zeros(16), "w2": torch.ones(4, 16)}
-    with pytest.raises(CheckpointError, match="weight 'w1' does not fit f16") as info:
+    with pytest.raises(WeightOverflowError, match="weight 'w1' does not fit f16") as info:
         run_pass(MLP, "precision{weight_dtype=fp16,activation_dtype=fp16}", weights)
     assert "128 finite value(s)" in str(info.value) and "100000" in str(info.value)
 

@@ -15,8 +15,8 @@ from safetensors import safe_open
 
 from compiler.errors import ArtifactError, DayzeroError
 from compiler.ir import DType, Graph, TensorType, parse_ir, print_ir
+from compiler.writer import write_artifact
 from runtime.artifact import FORMAT_NAME, FORMAT_VERSION, open_artifact
-from runtime.artifact_writer import write_artifact
 
 WEIGHT = "weights/model-00001-of-00001.safetensors"
 

@@ -10,14 +10,14 @@ import textwrap
 import time
 from pathlib import Path
 
-from runtime.artifact_writer import STALE_SECONDS, sweep_stale_temps, write_artifact
+from compiler.writer import STALE_SECONDS, sweep_stale_temps, write_artifact
 
 ROOT = Path(__file__).resolve().parents[2]
 
 SLOW_WRITER = textwrap.dedent("""
     import sys, time
     from backends.reference import ReferenceBackend
-    from runtime.artifact_writer import write_artifact
+    from compiler.writer import write_artifact
     sys.path.insert(0, sys.argv[2])
     from conftest import mlp_graph
 

@@ -9,7 +9,7 @@ import pytest
 
 import runtime
 from compiler.errors import ArtifactError
-from runtime.artifact_writer import write_artifact
+from compiler.writer import write_artifact
 from tests.runtime.test_index_inputs import lookup_graph
 
 

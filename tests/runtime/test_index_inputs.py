@@ -11,7 +11,7 @@ import torch
 import runtime
 from compiler.errors import ArtifactError, InputError
 from compiler.ir import DType, Graph, TensorType, symbol
-from runtime.artifact_writer import write_artifact
+from compiler.writer import write_artifact
 from runtime.index_inputs import IndexRange, find_index_inputs
 
 BACKENDS = ["reference", "onnxruntime"]

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import runtime
 from compiler.errors import ArtifactError, DayzeroError
-from runtime.artifact_writer import write_artifact
+from compiler.writer import write_artifact
 from runtime.dims import dim_symbols, eval_dim
 from tests.compiler.test_ir_fuzz import _TOKEN, FRAGMENTS, SAME_KIND, _kind
 from tests.runtime.conftest import mlp_graph

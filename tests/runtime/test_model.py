@@ -11,8 +11,8 @@ import torch
 import runtime
 from compiler.errors import DayzeroError, InputError
 from compiler.ir import DType, Graph, TensorType, symbol
+from compiler.writer import write_artifact
 from runtime import TensorSpec
-from runtime.artifact_writer import write_artifact
 from runtime.validate import OutputShapeError
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from compiler.ir import DType, Graph, TensorType, symbol
-from runtime.artifact_writer import write_artifact
+from compiler.writer import write_artifact
 
 BLOCK_TORCH = textwrap.dedent("""
     import sys

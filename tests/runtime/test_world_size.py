@@ -8,7 +8,7 @@ import pytest
 
 import runtime
 from compiler.errors import ArtifactError
-from runtime.artifact_writer import write_artifact
+from compiler.writer import write_artifact
 from runtime.distributed import MAX_WORLD_SIZE, world_size
 
 

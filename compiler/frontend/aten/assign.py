@@ -10,7 +10,7 @@ from __future__ import annotations
 from compiler.ir import DType
 from compiler.ir.symbolic import normalize
 
-from ..emitter import Emitter, Unsupported
+from ..emitter import AtenEmitter, Unsupported
 from .table import converts
 
 _HUGE = 2**62  # ATen writes "to the end" as INT64_MAX
@@ -31,7 +31,7 @@ def _bound(i, size, default):
 
 
 @converts("slice_scatter.default", ir="slice, concat")
-def _slice_scatter(em: Emitter, a):
+def _slice_scatter(em: AtenEmitter, a):
     x, src = a["self"], em.cast(a["src"], em.out_dtype())
     if a["step"] != 1:
         raise Unsupported("slice assignment with a step other than 1")
@@ -48,7 +48,7 @@ def _slice_scatter(em: Emitter, a):
 
 
 @converts("index_put.default", ir="where")
-def _index_put(em: Emitter, a):
+def _index_put(em: AtenEmitter, a):
     x, indices, values = a["self"], list(a["indices"]), a["values"]
     mask = indices[0] if len(indices) == 1 else None
     if mask is None or mask.dtype != DType.bool or mask.type.rank > x.type.rank:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from compiler.ir import DType
 
-from ..emitter import Emitter, Unsupported
+from ..emitter import AtenEmitter, Unsupported
 from .table import converts, register_many
 
 _UNARY = [
@@ -22,7 +22,7 @@ _BOOL_UNARY = ["isnan", "isinf", "logical_not"]
 
 
 def _unary(target: str):
-    def convert(em: Emitter, a):
+    def convert(em: AtenEmitter, a):
         return em.op(target, em.cast(a["self"], em.out_dtype()))
     return convert
 
@@ -36,12 +36,12 @@ register_many({f"{n}.default": n for n in _BOOL_UNARY}, _bool_unary)
 
 
 @converts("round.default", ir="round")
-def _round(em: Emitter, a):
+def _round(em: AtenEmitter, a):
     return em.op("round", a["self"])
 
 
 @converts("round.decimals", ir="round, mul, div")
-def _round_decimals(em: Emitter, a):
+def _round_decimals(em: AtenEmitter, a):
     """As ATen computes it: round(x * 10^d) / 10^d, or round(x / 10^-d) * 10^-d for d < 0."""
     x, decimals = a["self"], a["decimals"]
     if decimals == 0:
@@ -52,29 +52,29 @@ def _round_decimals(em: Emitter, a):
 
 
 @converts("gelu.default", ir="gelu")
-def _gelu(em: Emitter, a):
+def _gelu(em: AtenEmitter, a):
     return em.op("gelu", a["self"], approximate=a["approximate"])
 
 
 @converts("leaky_relu.default", ir="leaky_relu")
-def _leaky_relu(em: Emitter, a):
+def _leaky_relu(em: AtenEmitter, a):
     return em.op("leaky_relu", a["self"], negative_slope=float(a["negative_slope"]))
 
 
 @converts("softplus.default", ir="softplus")
-def _softplus(em: Emitter, a):
+def _softplus(em: AtenEmitter, a):
     return em.op("softplus", a["self"], beta=float(a["beta"]), threshold=float(a["threshold"]))
 
 
 @converts("elu.default", ir="elu")
-def _elu(em: Emitter, a):
+def _elu(em: AtenEmitter, a):
     if a["scale"] != 1 or a["input_scale"] != 1:
         raise Unsupported("elu with scale or input_scale != 1 (selu/celu form)")
     return em.op("elu", a["self"], alpha=float(a["alpha"]))
 
 
 # -- clamps ---------------------------------------------------------------------------------------
-def _clamp_scalars(em: Emitter, x, low, high):
+def _clamp_scalars(em: AtenEmitter, x, low, high):
     x = em.cast(x, em.out_dtype())
     cast = float if x.dtype.is_float else int
     return em.op("clamp", x, min=None if low is None else cast(low),
@@ -82,27 +82,27 @@ def _clamp_scalars(em: Emitter, x, low, high):
 
 
 @converts("clamp.default", ir="clamp")
-def _clamp(em: Emitter, a):
+def _clamp(em: AtenEmitter, a):
     return _clamp_scalars(em, a["self"], a["min"], a["max"])
 
 
 @converts("clamp_min.default", ir="clamp")
-def _clamp_min(em: Emitter, a):
+def _clamp_min(em: AtenEmitter, a):
     return _clamp_scalars(em, a["self"], a["min"], None)
 
 
 @converts("clamp_max.default", ir="clamp")
-def _clamp_max(em: Emitter, a):
+def _clamp_max(em: AtenEmitter, a):
     return _clamp_scalars(em, a["self"], None, a["max"])
 
 
 @converts("hardtanh.default", ir="clamp")
-def _hardtanh(em: Emitter, a):
+def _hardtanh(em: AtenEmitter, a):
     return _clamp_scalars(em, a["self"], a["min_val"], a["max_val"])
 
 
 @converts("clamp.Tensor", "clamp_min.Tensor", "clamp_max.Tensor", ir="maximum, minimum")
-def _clamp_tensor(em: Emitter, a):
+def _clamp_tensor(em: AtenEmitter, a):
     dtype = em.out_dtype()
     x = em.cast(a["self"], dtype)
     if a.get("min") is not None:
@@ -118,7 +118,7 @@ _BOOL_RESULT = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",
 
 def _binary(target: str, first: str = "self", second: str = "other", reverse: bool = False):
     """`target(a[first], a[second])` (swapped when `reverse`), scaled by `alpha` if present."""
-    def convert(em: Emitter, a):
+    def convert(em: AtenEmitter, a):
         x, y = a[first], a[second]
         dtype = em.result_type(x, y) if target in _BOOL_RESULT else em.out_dtype()
         x, y = em.tensor(x, dtype), em.tensor(y, dtype)
@@ -153,40 +153,40 @@ converts("rsub.Tensor", "rsub.Scalar", ir="sub")(_binary("sub", reverse=True))
 
 
 @converts("div.Tensor_mode", "div.Scalar_mode", ir="div")
-def _div_mode(em: Emitter, a):
+def _div_mode(em: AtenEmitter, a):
     dtype = em.out_dtype()
     x, y = em.tensor(a["self"], dtype), em.tensor(a["other"], dtype)
     return em.op("div", x, y, rounding_mode=a["rounding_mode"])
 
 
 @converts("floor_divide.default", "floor_divide.Scalar", ir="div")
-def _floor_divide(em: Emitter, a):
+def _floor_divide(em: AtenEmitter, a):
     dtype = em.out_dtype()
     x, y = em.tensor(a["self"], dtype), em.tensor(a["other"], dtype)
     return em.op("div", x, y, rounding_mode="floor")
 
 
 # -- selection and casts --------------------------------------------------------------------------
-def _condition(em: Emitter, cond):
+def _condition(em: AtenEmitter, cond):
     return em.cast(cond, DType.bool)
 
 
 @converts("where.self", "where.ScalarSelf", "where.ScalarOther", "where.Scalar", ir="where")
-def _where(em: Emitter, a):
+def _where(em: AtenEmitter, a):
     dtype = em.out_dtype()
     return em.op("where", _condition(em, a["condition"]), em.tensor(a["self"], dtype),
                  em.tensor(a["other"], dtype))
 
 
 @converts("masked_fill.Scalar", "masked_fill.Tensor", ir="where")
-def _masked_fill(em: Emitter, a):
+def _masked_fill(em: AtenEmitter, a):
     dtype = em.out_dtype()
     return em.op("where", _condition(em, a["mask"]), em.tensor(a["value"], dtype),
                  em.tensor(a["self"], dtype))
 
 
 @converts("_to_copy.default", "to.dtype", "to.dtype_layout", "to.device", "to.other", ir="cast")
-def _to_copy(em: Emitter, a):
+def _to_copy(em: AtenEmitter, a):
     """Every `.to(...)` form: the IR has one device and no layouts, so only the dtype counts
     (a functional graph never observes whether `.to` copied or aliased)."""
     return em.cast(a["self"], em.out_dtype())

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import torch
 
-from ..emitter import Emitter, Unsupported
+from ..emitter import AtenEmitter, Unsupported
 from .table import converts
 
 # -- linear algebra -----------------------------------------------------------------------------
 
 
 @converts("linear.default", ir="linear")
-def _linear(em: Emitter, a):
+def _linear(em: AtenEmitter, a):
     x, w, b = a["input"], a["weight"], a["bias"]
     if w.type.rank == 2:
         return em.op("linear", x, w, b)
@@ -24,22 +24,22 @@ def _linear(em: Emitter, a):
 
 
 @converts("matmul.default", "mm.default", "bmm.default", ir="matmul")
-def _matmul(em: Emitter, a):
+def _matmul(em: AtenEmitter, a):
     return em.op("matmul", a["self"], a["other"] if "other" in a else a["mat2"])
 
 
 @converts("mv.default", ir="matmul")
-def _mv(em: Emitter, a):
+def _mv(em: AtenEmitter, a):
     return em.op("matmul", a["self"], a["vec"])
 
 
 @converts("dot.default", ir="matmul")
-def _dot(em: Emitter, a):
+def _dot(em: AtenEmitter, a):
     return em.op("matmul", a["self"], a["tensor"])
 
 
 @converts("addmm.default", ir="matmul, add")
-def _addmm(em: Emitter, a):
+def _addmm(em: AtenEmitter, a):
     dtype = em.out_dtype()
     product = em.op("matmul", a["mat1"], a["mat2"])
     if a["alpha"] != 1:
@@ -53,7 +53,7 @@ def _addmm(em: Emitter, a):
 
 
 # -- normalization ------------------------------------------------------------------------------
-def _layer_norm(em: Emitter, a):
+def _layer_norm(em: AtenEmitter, a):
     return em.op("layer_norm", a["input"], a["weight"], a["bias"],
                  normalized_shape=list(a["normalized_shape"]), eps=float(a["eps"]))
 
@@ -62,12 +62,12 @@ converts("layer_norm.default", ir="layer_norm")(_layer_norm)
 
 
 @converts("native_layer_norm.default", ir="layer_norm")
-def _native_layer_norm(em: Emitter, a):
+def _native_layer_norm(em: AtenEmitter, a):
     return _layer_norm(em, a), None, None
 
 
 @converts("rms_norm.default", ir="rms_norm")
-def _rms_norm(em: Emitter, a):
+def _rms_norm(em: AtenEmitter, a):
     x = a["input"]
     eps = a["eps"] if a["eps"] is not None else torch.finfo(x.dtype.to_torch()).eps
     return em.op("rms_norm", x, a["weight"], normalized_shape=list(a["normalized_shape"]),
@@ -75,34 +75,34 @@ def _rms_norm(em: Emitter, a):
 
 
 @converts("group_norm.default", ir="group_norm")
-def _group_norm(em: Emitter, a):
+def _group_norm(em: AtenEmitter, a):
     return em.op("group_norm", a["input"], a["weight"], a["bias"], groups=a["num_groups"],
                  eps=float(a["eps"]))
 
 
 @converts("native_group_norm.default", ir="group_norm")
-def _native_group_norm(em: Emitter, a):
+def _native_group_norm(em: AtenEmitter, a):
     out = em.op("group_norm", a["input"], a["weight"], a["bias"], groups=a["group"],
                 eps=float(a["eps"]))
     return out, None, None
 
 
 @converts("_native_batch_norm_legit_no_training.default", ir="batch_norm")
-def _batch_norm_inference(em: Emitter, a):
+def _batch_norm_inference(em: AtenEmitter, a):
     out = em.op("batch_norm", a["input"], a["weight"], a["bias"], a["running_mean"],
                 a["running_var"], eps=float(a["eps"]))
     return out, None, None
 
 
 @converts("batch_norm.default", ir="batch_norm")
-def _batch_norm(em: Emitter, a):
+def _batch_norm(em: AtenEmitter, a):
     if a["training"] or a["running_mean"] is None or a["running_var"] is None:
         raise Unsupported("batch_norm in training mode (batch statistics)")
     return _batch_norm_inference(em, a)[0]
 
 
 @converts("embedding.default", ir="embedding")
-def _embedding(em: Emitter, a):
+def _embedding(em: AtenEmitter, a):
     return em.op("embedding", a["weight"], a["indices"])
 
 
@@ -113,7 +113,7 @@ def _per_dim(value, n: int) -> list:
 
 
 @converts("convolution.default", ir="conv")
-def _convolution(em: Emitter, a):
+def _convolution(em: AtenEmitter, a):
     if a["transposed"]:
         raise Unsupported("transposed convolution")
     return _conv(em, a)
@@ -122,13 +122,13 @@ def _convolution(em: Emitter, a):
 # conv1d/2d/3d as torch.export's training IR records them (before decomposition to
 # `convolution`); an unbatched input gets its batch dim of 1 around the conv
 @converts("conv1d.default", "conv2d.default", "conv3d.default", ir="conv")
-def _conv_nd(em: Emitter, a):
+def _conv_nd(em: AtenEmitter, a):
     n = a["weight"].type.rank - 2
     return _batched(em, a["input"], n, lambda x: _conv(em, {**a, "input": x}))
 
 
 @converts("conv1d.padding", "conv2d.padding", "conv3d.padding", ir="conv")
-def _conv_padding_mode(em: Emitter, a):
+def _conv_padding_mode(em: AtenEmitter, a):
     """padding="valid" or "same", as torch computes it: `same` pads d*(k-1) in all, half on
     each side, and the odd element on the right (a `pad` in front of the conv)."""
     n = a["weight"].type.rank - 2
@@ -155,14 +155,14 @@ def _conv_padding_mode(em: Emitter, a):
     return _batched(em, a["input"], n, build)
 
 
-def _conv(em: Emitter, a):
+def _conv(em: AtenEmitter, a):
     n = a["weight"].type.rank - 2
     return em.op("conv", a["input"], a["weight"], a["bias"], stride=_per_dim(a["stride"], n),
                  padding=_per_dim(a["padding"], n), dilation=_per_dim(a["dilation"], n),
                  groups=a["groups"])
 
 
-def _batched(em: Emitter, x, n: int, build):
+def _batched(em: AtenEmitter, x, n: int, build):
     """Run `build` on a batched input: pooling rules want (N, C, *spatial); unbatched adds N=1."""
     if x.type.rank == n + 2:
         return build(x)
@@ -178,7 +178,7 @@ def _window(a, n: int) -> dict:
 
 
 def _max_pool(n: int, with_indices: bool):
-    def convert(em: Emitter, a):
+    def convert(em: AtenEmitter, a):
         attrs = dict(_window(a, n), dilation=_per_dim(a["dilation"], n))
         out = _batched(em, a["self"], n, lambda x: em.op("max_pool", x, **attrs))
         return (out, None) if with_indices else out
@@ -186,7 +186,7 @@ def _max_pool(n: int, with_indices: bool):
 
 
 def _avg_pool(n: int):
-    def convert(em: Emitter, a):
+    def convert(em: AtenEmitter, a):
         attrs = dict(_window(a, n), count_include_pad=bool(a["count_include_pad"]),
                      divisor_override=a.get("divisor_override"))
         return _batched(em, a["self"], n, lambda x: em.op("avg_pool", x, **attrs))
@@ -203,12 +203,12 @@ for _n in (2, 3):
 @converts("adaptive_avg_pool1d.default", "adaptive_avg_pool2d.default",
           "_adaptive_avg_pool2d.default", "adaptive_avg_pool3d.default",
           "_adaptive_avg_pool3d.default", ir="adaptive_avg_pool")
-def _adaptive_avg_pool(em: Emitter, a):
+def _adaptive_avg_pool(em: AtenEmitter, a):
     return em.op("adaptive_avg_pool", a["self"], output_size=list(a["output_size"]))
 
 
 # -- attention ----------------------------------------------------------------------------------
-def _sdpa(em: Emitter, a):
+def _sdpa(em: AtenEmitter, a):
     if a["dropout_p"] != 0:
         raise Unsupported("attention dropout (dropout_p > 0)")
     scale = a["scale"]
@@ -222,5 +222,5 @@ converts("scaled_dot_product_attention.default", ir="scaled_dot_product_attentio
 
 @converts("_scaled_dot_product_flash_attention_for_cpu.default",
           ir="scaled_dot_product_attention")
-def _sdpa_flash_cpu(em: Emitter, a):
+def _sdpa_flash_cpu(em: AtenEmitter, a):
     return _sdpa(em, a), None

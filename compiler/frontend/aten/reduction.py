@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from compiler.ir import DType
 
-from ..emitter import Emitter
+from ..emitter import AtenEmitter
 from .table import converts, register_many
 
 
@@ -19,7 +19,7 @@ def _dims(dim) -> list:
 
 
 def _reduce(target: str):
-    def convert(em: Emitter, a):
+    def convert(em: AtenEmitter, a):
         x = em.cast(a["self"], em.out_dtype())
         return em.op(target, x, dims=_dims(a.get("dim")), keepdim=bool(a.get("keepdim", False)))
     return convert
@@ -33,7 +33,7 @@ register_many({
 
 
 def _logical(target: str):
-    def convert(em: Emitter, a):
+    def convert(em: AtenEmitter, a):
         return em.op(target, a["self"], dims=_dims(a.get("dim")),
                      keepdim=bool(a.get("keepdim", False)))
     return convert
@@ -43,7 +43,7 @@ register_many({f"{op}.{ov}": op for op in ("any", "all") for ov in ("dims", "dim
               _logical)
 
 
-def _var(em: Emitter, a):
+def _var(em: AtenEmitter, a):
     correction = a.get("correction")
     if "unbiased" in a:
         correction = 1 if a["unbiased"] else 0
@@ -55,18 +55,18 @@ converts("var.correction", "var.dim", ir="var")(_var)
 
 
 @converts("std.correction", "std.dim", ir="var, sqrt")
-def _std(em: Emitter, a):
+def _std(em: AtenEmitter, a):
     return em.op("sqrt", _var(em, a))
 
 
 @converts("var_mean.correction", ir="var, mean")
-def _var_mean(em: Emitter, a):
+def _var_mean(em: AtenEmitter, a):
     mean = em.op("mean", a["self"], dims=_dims(a["dim"]), keepdim=bool(a["keepdim"]))
     return _var(em, a), mean
 
 
 def _value_and_index(value_op: str, index_op: str):
-    def convert(em: Emitter, a):
+    def convert(em: AtenEmitter, a):
         dim, keepdim = a["dim"], bool(a["keepdim"])
         return (em.op(value_op, a["self"], dims=[dim], keepdim=keepdim),
                 em.op(index_op, a["self"], dim=dim, keepdim=keepdim))
@@ -78,7 +78,7 @@ converts("min.dim", ir="amin, argmin")(_value_and_index("amin", "argmin"))
 
 
 def _arg(target: str):
-    def convert(em: Emitter, a):
+    def convert(em: AtenEmitter, a):
         return em.op(target, a["self"], dim=a["dim"], keepdim=bool(a["keepdim"]))
     return convert
 
@@ -87,7 +87,7 @@ register_many({"argmax.default": "argmax", "argmin.default": "argmin"}, _arg)
 
 
 def _softmax(target: str):
-    def convert(em: Emitter, a):
+    def convert(em: AtenEmitter, a):
         return em.op(target, em.cast(a["self"], em.out_dtype()), dim=a["dim"])
     return convert
 
@@ -97,7 +97,7 @@ register_many({"_softmax.default": "softmax", "softmax.int": "softmax",
 
 
 @converts("linalg_vector_norm.default", ir="abs, sum, amax, pow, sqrt")
-def _vector_norm(em: Emitter, a):
+def _vector_norm(em: AtenEmitter, a):
     """The p-norm from reductions: sqrt(sum x^2) for p=2, max |x| for p=inf, and so on."""
     dtype = em.out_dtype()
     x, p = em.cast(a["self"], dtype), float(a["ord"])
@@ -119,7 +119,7 @@ def _vector_norm(em: Emitter, a):
 
 
 @converts("cumsum.default", ir="cumsum")
-def _cumsum(em: Emitter, a):
+def _cumsum(em: AtenEmitter, a):
     """The IR sums integers in i64 (aten's default); an explicit narrower integer dtype (MoE
     routers count tokens per expert with dtype=torch.int32) sums in i64 and casts after, which
     wraps exactly as torch's int32 sum does: both are the same value modulo 2**32."""
@@ -130,7 +130,7 @@ def _cumsum(em: Emitter, a):
 
 
 @converts("topk.default", ir="topk")
-def _topk(em: Emitter, a):
+def _topk(em: AtenEmitter, a):
     values, indices = em.ops("topk", a["self"], k=a["k"], dim=a["dim"], largest=bool(a["largest"]),
                              sorted=bool(a["sorted"]))
     return values, indices

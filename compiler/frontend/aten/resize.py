@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from ..emitter import Emitter, Unsupported
+from ..emitter import AtenEmitter, Unsupported
 from .table import converts
 
 
-def _check_scales(em: Emitter, a, scales: list) -> list:
+def _check_scales(em: AtenEmitter, a, scales: list) -> list:
     """The output's spatial sizes; given scale factors must be exact (in * scale == out)."""
     x = a.get("input", a.get("self"))
     size = em.out_shape()[2:]
@@ -26,14 +26,14 @@ def _scales(a, names: tuple[str, ...]) -> list:
 
 
 @converts("upsample_bilinear2d.vec", "upsample_bilinear2d.default", ir="resize")
-def _bilinear(em: Emitter, a):
+def _bilinear(em: AtenEmitter, a):
     x = a.get("input", a.get("self"))
     size = _check_scales(em, a, _scales(a, ("scales_h", "scales_w")))
     return em.op("resize", x, size=size, mode="bilinear", align_corners=bool(a["align_corners"]))
 
 
 @converts("upsample_nearest2d.vec", "upsample_nearest2d.default", ir="resize")
-def _nearest(em: Emitter, a):
+def _nearest(em: AtenEmitter, a):
     x = a.get("input", a.get("self"))
     size = _check_scales(em, a, _scales(a, ("scales_h", "scales_w")))
     return em.op("resize", x, size=size, mode="nearest")

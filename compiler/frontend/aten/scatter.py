@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from compiler.ir import DType
 
-from ..emitter import Emitter, Unsupported
+from ..emitter import AtenEmitter, Unsupported
 from .table import converts
 
 
 @converts("masked_scatter.default", ir="masked_scatter")
-def _masked_scatter(em: Emitter, a):
+def _masked_scatter(em: AtenEmitter, a):
     mask = a["mask"]
     if mask.dtype != DType.bool:
         raise Unsupported(f"masked_scatter with a {mask.dtype} mask (torch requires bool)")

@@ -15,7 +15,7 @@ import sympy
 from compiler.ir import DType
 from compiler.ir.symbolic import normalize
 
-from ..emitter import Emitter, Unsupported
+from ..emitter import AtenEmitter, Unsupported
 from .table import converts
 
 # -- identities and dropped nodes ---------------------------------------------------------------
@@ -23,12 +23,12 @@ from .table import converts
 
 @converts("alias.default", "clone.default", "contiguous.default", "detach.default",
           "lift_fresh_copy.default", "lift_fresh.default", ir="(identity)")
-def _identity(em: Emitter, a):
+def _identity(em: AtenEmitter, a):
     return a["self"]
 
 
 @converts("dropout.default", "feature_dropout.default", "alpha_dropout.default", ir="(identity)")
-def _dropout(em: Emitter, a):
+def _dropout(em: AtenEmitter, a):
     if a["train"] and a["p"] != 0:
         raise Unsupported("dropout in training mode")
     return a["input"]
@@ -37,7 +37,7 @@ def _dropout(em: Emitter, a):
 @converts("_assert_scalar.default", "sym_constrain_range.default",
           "sym_constrain_range_for_size.default", "_assert_tensor_metadata.default",
           "_assert_async.default", "_assert_async.msg", ir="(dropped)")
-def _dropped(em: Emitter, a):
+def _dropped(em: AtenEmitter, a):
     return None
 
 
@@ -45,23 +45,23 @@ def _dropped(em: Emitter, a):
 @converts("view.default", "_unsafe_view.default", "reshape.default", "unsqueeze.default",
           "squeeze.default", "squeeze.dim", "squeeze.dims", "view_copy.default",
           "unsqueeze_copy.default", "squeeze_copy.dims", "flatten.using_ints", ir="reshape")
-def _reshape(em: Emitter, a):
+def _reshape(em: AtenEmitter, a):
     return em.op("reshape", a["self"], shape=em.out_shape())
 
 
 @converts("permute.default", "permute_copy.default", ir="permute")
-def _permute(em: Emitter, a):
+def _permute(em: AtenEmitter, a):
     return em.op("permute", a["self"], dims=list(a["dims"]))
 
 
 @converts("t.default", ir="permute")
-def _t(em: Emitter, a):
+def _t(em: AtenEmitter, a):
     x = a["self"]
     return em.op("permute", x, dims=[1, 0]) if x.type.rank == 2 else x
 
 
 @converts("transpose.int", ir="permute")
-def _transpose(em: Emitter, a):
+def _transpose(em: AtenEmitter, a):
     x = a["self"]
     rank = max(x.type.rank, 1)
     dims = list(range(x.type.rank))
@@ -73,7 +73,7 @@ def _transpose(em: Emitter, a):
 
 
 @converts("expand.default", "expand_copy.default", ir="expand")
-def _expand(em: Emitter, a):
+def _expand(em: AtenEmitter, a):
     return em.op("expand", a["self"], shape=em.out_shape())
 
 
@@ -119,12 +119,12 @@ def _from_end(i, size, ranges, what: str):
     return normalize(sympy.simplify(size + i))
 
 
-def _index(em: Emitter, i, size):
+def _index(em: AtenEmitter, i, size):
     """An index into a dim (select): negatives count from the end; torch checked the range."""
     return _from_end(i, size, em.graph.symbols, "index")
 
 
-def _slice_start(em: Emitter, start, size):
+def _slice_start(em: AtenEmitter, start, size):
     """A slice start as torch takes it: negatives count from the end, then clamped to [0, size]
     (x[-7:] of 5 elements starts at 0, not at -7 mod 5). A start whose clamp depends on the
     sizes is refused rather than guessed."""
@@ -147,7 +147,7 @@ def _slice_start(em: Emitter, start, size):
                       "export with a range that decides it")
 
 
-def _slice(em: Emitter, x, dim: int, start, length, step: int, index: int = 0):
+def _slice(em: AtenEmitter, x, dim: int, start, length, step: int, index: int = 0):
     """`x[start : start + length*step : step]` along dim, with the length torch computed."""
     size = x.shape[dim]
     start = _slice_start(em, 0 if start is None else start, size)
@@ -158,14 +158,14 @@ def _slice(em: Emitter, x, dim: int, start, length, step: int, index: int = 0):
 
 
 @converts("slice.Tensor", "slice_copy.Tensor", ir="slice")
-def _slice_tensor(em: Emitter, a):
+def _slice_tensor(em: AtenEmitter, a):
     x = a["self"]
     dim = a["dim"] % max(x.type.rank, 1)
     return _slice(em, x, dim, a["start"], em.out_shape()[dim], a["step"])
 
 
 @converts("diff.default", ir="sub")
-def _diff(em: Emitter, a):
+def _diff(em: AtenEmitter, a):
     """torch.diff: `n` rounds of x[1:] - x[:-1] along dim (`!=` for bool), after prepend/append."""
     dtype = em.out_dtype()
     x = a["self"]
@@ -181,7 +181,7 @@ def _diff(em: Emitter, a):
 
 
 @converts("select.int", "select_copy.int", ir="select")
-def _select(em: Emitter, a):
+def _select(em: AtenEmitter, a):
     x = a["self"]
     dim = a["dim"] % max(x.type.rank, 1)
     return em.op("select", x, dim=dim, index=_index(em, a["index"], x.shape[dim]))
@@ -189,7 +189,7 @@ def _select(em: Emitter, a):
 
 @converts("split.Tensor", "split_with_sizes.default", "split_with_sizes_copy.default",
           "split_copy.Tensor", ir="slice")
-def _split(em: Emitter, a):
+def _split(em: AtenEmitter, a):
     x = a["self"]
     dim = a["dim"] % max(x.type.rank, 1)
     outputs, start = [], 0
@@ -201,14 +201,14 @@ def _split(em: Emitter, a):
 
 
 @converts("unbind.int", "unbind_copy.int", ir="select")
-def _unbind(em: Emitter, a):
+def _unbind(em: AtenEmitter, a):
     x = a["self"]
     dim = a["dim"] % max(x.type.rank, 1)
     return tuple(em.op("select", x, dim=dim, index=i) for i in range(len(em.val)))
 
 
 @converts("cat.default", ir="concat")
-def _cat(em: Emitter, a):
+def _cat(em: AtenEmitter, a):
     dtype = em.out_dtype()
     tensors = [t for t in a["tensors"] if not _legacy_empty(t)] or list(a["tensors"][:1])
     dim = a["dim"] % max(tensors[0].type.rank, 1)
@@ -222,19 +222,19 @@ def _legacy_empty(t) -> bool:
 
 # -- indexing -------------------------------------------------------------------------------------
 @converts("gather.default", ir="gather")
-def _gather(em: Emitter, a):
+def _gather(em: AtenEmitter, a):
     return em.op("gather", a["self"], a["index"], dim=a["dim"])
 
 
 @converts("index_select.default", ir="index_select")
-def _index_select(em: Emitter, a):
+def _index_select(em: AtenEmitter, a):
     if a["self"].type.rank == 0:  # only index 0 is valid: the scalar itself
         return a["self"]
     return em.op("index_select", a["self"], a["index"], dim=a["dim"])
 
 
 @converts("index.Tensor", ir="index")
-def _index_tensor(em: Emitter, a):
+def _index_tensor(em: AtenEmitter, a):
     indices = list(a["indices"])
     if any(i is not None and i.dtype in (DType.bool, DType.u8) for i in indices):
         raise Unsupported("boolean-mask indexing (data-dependent result shape)")
@@ -243,33 +243,33 @@ def _index_tensor(em: Emitter, a):
 
 # -- data movement ------------------------------------------------------------------------------
 @converts("constant_pad_nd.default", ir="pad")
-def _pad(em: Emitter, a):
+def _pad(em: AtenEmitter, a):
     x = a["self"]
     value = float(a["value"]) if x.dtype.is_float else int(a["value"])
     return em.op("pad", x, pads=list(a["pad"]), value=value)
 
 
 @converts("flip.default", ir="flip")
-def _flip(em: Emitter, a):
+def _flip(em: AtenEmitter, a):
     return em.op("flip", a["self"], dims=list(a["dims"]))
 
 
 @converts("tril.default", ir="tril")
-def _tril(em: Emitter, a):
+def _tril(em: AtenEmitter, a):
     return em.op("tril", a["self"], diagonal=a["diagonal"])
 
 
 @converts("triu.default", ir="triu")
-def _triu(em: Emitter, a):
+def _triu(em: AtenEmitter, a):
     return em.op("triu", a["self"], diagonal=a["diagonal"])
 
 
 @converts("repeat.default", ir="repeat")
-def _repeat(em: Emitter, a):
+def _repeat(em: AtenEmitter, a):
     return em.op("repeat", a["self"], repeats=list(a["repeats"]))
 
 
 @converts("copy.default", ir="cast, expand")
-def _copy(em: Emitter, a):
+def _copy(em: AtenEmitter, a):
     src = em.cast(a["src"], em.out_dtype())
     return em.op("expand", src, shape=em.out_shape())

@@ -1,6 +1,6 @@
 """The ATen conversion table: ATen overload name -> small function that emits IR for it.
 
-A converter gets the `Emitter` and the node's arguments bound to the overload's schema names
+A converter gets the `AtenEmitter` and the node's arguments bound to the overload's schema names
 (`a["self"]`, `a["dim"]`, defaults filled in; tensors as IR Values, sizes as ints or sympy
 expressions) and returns the node's result: a Value, a tuple of Values for a multi-result overload
 (None where the IR has no equivalent, e.g. max_pool's indices), or None for a dropped node. It
@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..emitter import Emitter
+from ..emitter import AtenEmitter
 
-Converter = Callable[[Emitter, dict[str, Any]], Any]
+Converter = Callable[[AtenEmitter, dict[str, Any]], Any]
 
 CONVERTERS: dict[str, Converter] = {}
 TARGETS: dict[str, str] = {}  # ATen overload -> IR op(s) it becomes, for docs/ops.md

@@ -25,7 +25,7 @@ from compiler.ir.symbolic import equal, evaluate
 
 from .aten import CONVERTERS
 from .decompositions import SIZE_OPS
-from .emitter import Emitter, Unsupported, ir_dtype
+from .emitter import AtenEmitter, Unsupported, ir_dtype
 from .locations import Location, node_location
 from .symbols import SymbolMap, UnsupportedSymbol
 
@@ -92,7 +92,7 @@ class FxConverter:
     def __init__(self, graph: Graph, symbols: SymbolMap, fallback: Location):
         self.graph = graph
         self.symbols = symbols
-        self.emitter = Emitter(graph, symbols)
+        self.emitter = AtenEmitter(graph, symbols)
         self.env: dict[FxNode, Any] = {}
         self.missing: dict[str, _Missing] = {}
         self.errors: dict[str, _Missing] = {}  # converters that failed: dayzero's own bugs

@@ -23,7 +23,9 @@ from .layout import Layout
 
 
 @dataclass(frozen=True)
-class Step:
+class ConversionStep:
+    """One collective (or the final local `shard`) of a layout conversion."""
+
     op: str  # all_reduce | all_gather | reduce_scatter | shard
     axis: str | None = None
     dim: int | None = None
@@ -37,7 +39,7 @@ def _placement(layout: Layout, axis: str):
     return "R" if dim is None else dim
 
 
-def plan_conversion(src: Layout, dst: Layout) -> list[Step]:
+def plan_conversion(src: Layout, dst: Layout) -> list[ConversionStep]:
     """Steps from `src` to `dst`; empty when they are the same."""
     steps, current = [], src
     for axis in sorted(src.axes() | dst.axes()):
@@ -49,15 +51,15 @@ def plan_conversion(src: Layout, dst: Layout) -> list[Step]:
         if have == "P":
             if need == "R" or current.axis_of(need) is not None:
                 current = current.without(axis)
-                steps.append(Step("all_reduce", axis, None, current))
+                steps.append(ConversionStep("all_reduce", axis, None, current))
             else:
                 current = current.without(axis).split(axis, need)
-                steps.append(Step("reduce_scatter", axis, need, current))
+                steps.append(ConversionStep("reduce_scatter", axis, need, current))
         elif have != "R":
             current = current.without(axis)
-            steps.append(Step("all_gather", axis, have, current))
+            steps.append(ConversionStep("all_gather", axis, have, current))
     if current != dst:
-        steps.append(Step("shard", None, None, dst))
+        steps.append(ConversionStep("shard", None, None, dst))
     return steps
 
 
@@ -94,7 +96,7 @@ def parse_layout(node: Node) -> Layout:
                            node.loc, "write e.g. layout=\"tp:S0\"") from None
 
 
-def emit_conversion(graph: Graph, value: Value, steps: list[Step], before: Node | None,
+def emit_conversion(graph: Graph, value: Value, steps: list[ConversionStep], before: Node | None,
                     loc: str | None) -> Value:
     """Insert the nodes of `steps` before `before` (at the end if None); returns the result."""
     for step in steps:
@@ -110,6 +112,6 @@ def emit_conversion(graph: Graph, value: Value, steps: list[Step], before: Node 
     return value
 
 
-def _suffix(step: Step) -> str:
+def _suffix(step: ConversionStep) -> str:
     return {"shard": "shard", "all_reduce": "ar", "all_gather": "ag",
             "reduce_scatter": "rs"}[step.op]

@@ -1,4 +1,7 @@
-"""Writing an artifact (the layout is described in `runtime.artifact`).
+"""Writing an artifact (the layout is described in `runtime.artifact`, which reads it).
+
+Compile time, not runtime: the writer calls the backend's `lower`, so it sits above the backends
+and the runtime's format modules, and a machine that only runs artifacts never imports it.
 
 The writer builds everything in a temporary sibling folder and renames it into place, so a failed
 compile leaves nothing behind and `force` replaces an old artifact only once the new one is
@@ -8,7 +11,6 @@ complete.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib.metadata
 import json
 import os
@@ -22,25 +24,23 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 import backends
-from backends import Backend, WeightLocation
+from backends import Backend
 from compiler.errors import DayzeroError
 from compiler.ir import Graph, print_ir, symbolic
-
-from . import safetensors_io as st
-from .artifact import (
+from runtime.artifact import (
     FORMAT_NAME,
     FORMAT_VERSION,
     GRAPH,
     MANIFEST,
     PAYLOAD_DIR,
-    WEIGHTS_DIR,
     safe_relpath,
 )
-from .index_inputs import index_inputs_json
-from .stale_dirs import sweep
+from runtime.index_inputs import index_inputs_json
+from runtime.stale_dirs import sweep
+
+from .hashed_files import put_file, write_weights
+from .rank_writer import write_ranks
 
 DEFAULT_SHARD_BYTES = 2 * 2**30
 
@@ -64,7 +64,7 @@ def write_artifact(out: str | Path, graph: Graph, backend: Backend | str, *,
     replaced once the new one is complete. Returns `out` as a Path.
 
     `ranks` (objects with `rank`, `coords` and `graph`, one per rank of a partitioned model)
-    writes one graph and one set of weight shards per rank instead (see `rank_files`); `graph`
+    writes one graph and one set of weight shards per rank instead (see `rank_writer`); `graph`
     is then the annotated global graph, stored as graph.dzir for inspection only.
     """
     out = Path(out)
@@ -97,10 +97,8 @@ def _write_into(tmp: Path, out: Path, graph: Graph, target: Backend, options: di
     if ranks is None:
         shard_files = _fill(tmp, graph, target, options, files, progress, shard_bytes)
     else:
-        from .rank_files import write_ranks
-
         entries = write_ranks(tmp, ranks, target, options, files, progress, shard_bytes)
-        _put(tmp, GRAPH, print_ir(graph).encode(), files)
+        put_file(tmp, GRAPH, print_ir(graph).encode(), files)
         extra["parallel"] = {**extra.get("parallel", {}), "ranks": entries}
         shard_files = []
     manifest = _manifest(graph, target.name, options, extra, shard_files, files)
@@ -159,56 +157,15 @@ def sweep_stale_temps(parent: Path) -> list[Path]:
 def _fill(root: Path, graph: Graph, backend: Backend, options: dict[str, Any],
           files: dict[str, dict[str, Any]], progress, shard_bytes: int) -> list[str]:
     """Weights, then the backend payload (it needs their locations), then the graph text."""
-    locations, shard_files = _write_weights(root, graph, files, progress, shard_bytes)
+    locations, shard_files = write_weights(root, graph, files, progress, shard_bytes)
     payload = backend.lower(graph, locations, options)
     for rel, data in sorted(payload.items()):
         if isinstance(data, str):
             data = data.encode()
-        _put(root, f"{PAYLOAD_DIR}/{safe_relpath(rel, 'backend payload')}", bytes(data), files)
-    _put(root, GRAPH, print_ir(graph).encode(), files)
+        put_file(root, f"{PAYLOAD_DIR}/{safe_relpath(rel, 'backend payload')}", bytes(data),
+                 files)
+    put_file(root, GRAPH, print_ir(graph).encode(), files)
     return shard_files
-
-
-def _put(root: Path, rel: str, data: bytes, files: dict[str, dict[str, Any]]) -> None:
-    path = root / rel
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
-    files[rel] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-
-
-def _write_weights(root: Path, graph: Graph, files: dict[str, dict[str, Any]], progress,
-                   shard_bytes: int, folder: str = WEIGHTS_DIR
-                   ) -> tuple[dict[str, WeightLocation], list[str]]:
-    specs = {name: _weight_spec(graph, name) for name in graph.weights}
-    sizes = [(name, _nbytes(*spec)) for name, spec in specs.items()]
-    shards = st.plan_shards(sizes, shard_bytes)
-    (root / folder).mkdir(parents=True)
-    locations: dict[str, WeightLocation] = {}
-    shard_files = []
-    for index, names in enumerate(shards):
-        rel = f"{folder}/model-{index + 1:05d}-of-{len(shards):05d}.safetensors"
-        entries, digest, size = st.write_file(root / rel, {n: specs[n] for n in names},
-                                              graph.weight_data, progress)
-        files[rel] = {"size": size, "sha256": digest}
-        shard_files.append(rel)
-        for e in entries:
-            locations[e.name] = WeightLocation(rel, e.begin, e.nbytes, e.dtype.value, e.shape)
-    return locations, shard_files
-
-
-def _weight_spec(graph: Graph, name: str):
-    value = graph.weights[name]
-    if not all(symbolic.is_static(d) for d in value.type.shape):
-        raise DayzeroError(f"weight '{name}' has a symbolic shape {value.type}", f"weight {name}",
-                           "weights must have static shapes")
-    if name not in graph.weight_data:
-        raise DayzeroError(f"weight '{name}' has no data in graph.weight_data", f"weight {name}",
-                           "load or export the model's weights before writing the artifact")
-    return value.type.dtype, tuple(int(d) for d in value.type.shape)
-
-
-def _nbytes(dtype, shape) -> int:
-    return int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
 
 
 def _manifest(graph: Graph, backend: str, options: dict[str, Any], extra: dict[str, Any],

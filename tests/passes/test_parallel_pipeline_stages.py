@@ -11,7 +11,7 @@ from compiler.ir import DType, Graph, TensorType, parse_ir, print_ir
 from passes.parallel import Mesh
 from passes.parallel.cost import MEMORY_RATIO, node_cost, planning_sizes
 from passes.parallel.partition import partition
-from passes.parallel.pipeline import plan_stages, recomputable, stage_report
+from passes.parallel.pipeline_stages import plan_stages, recomputable, stage_report
 from tests.passes.parallel_util import run_rank_graphs
 
 

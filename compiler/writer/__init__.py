@@ -1,0 +1,16 @@
+"""Artifact writing, the compile-time half of the artifact format (`runtime.artifact` reads).
+
+`write_artifact` lays the weights out, calls the backend's `lower` and installs the finished
+folder atomically; `check_destination` refuses an unwritable output before minutes of work.
+"""
+
+from .artifact_writer import (
+    STALE_SECONDS,
+    check_destination,
+    removed_on_sigterm,
+    sweep_stale_temps,
+    write_artifact,
+)
+
+__all__ = ["STALE_SECONDS", "check_destination", "removed_on_sigterm", "sweep_stale_temps",
+           "write_artifact"]
