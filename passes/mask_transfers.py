@@ -1,8 +1,9 @@
 """Transfer rules of recognize_causal_masks: each op's output as an index expression of its inputs.
 
-A rule takes one node's input expressions (`Step.args`, `Indexed` values of `index_expressions`)
-and returns its output's, or None when the op (or this use of it) is not modelled; an op missing
-from `TRANSFERS` makes any mask built from it unreadable. Rules see sizes only, never data.
+A rule takes one node's input expressions (`NodeTransfer.args`, `Indexed` values of
+`index_expressions`) and returns its output's, or None when the op (or this use of it) is not
+modelled; an op missing from `TRANSFERS` makes any mask built from it unreadable. Rules see
+sizes only, never data.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from .index_expressions import INDEX, Indexed
 
 
 @dataclass(frozen=True)
-class Step:
+class NodeTransfer:
     """One node's transfer: its input expressions (None for an absent operand) and output type."""
 
     node: Node
@@ -47,11 +48,11 @@ class Step:
 
 
 # -- creation -------------------------------------------------------------------------------------
-def _constant(s: Step):
+def _constant(s: NodeTransfer):
     return ix.constant(s.shape, s.kind, ix.scalar(s.attr("value"), s.node.outputs[0].dtype))
 
 
-def _arange(s: Step):
+def _arange(s: NodeTransfer):
     start, step = sympy.sympify(s.attr("start")), sympy.sympify(s.attr("step"))
     if start.is_integer is not True or not step.is_Integer:
         return None
@@ -59,9 +60,9 @@ def _arange(s: Step):
 
 
 # -- elementwise ----------------------------------------------------------------------------------
-def _integer_op(fn: Callable[..., sympy.Basic]) -> Callable[[Step], Indexed | None]:
+def _integer_op(fn: Callable[..., sympy.Basic]) -> Callable[[NodeTransfer], Indexed | None]:
     """Arithmetic on exact integers (floats too while they hold integers exactly)."""
-    def transfer(s: Step):
+    def transfer(s: NodeTransfer):
         if s.kind == "bool":
             return None
         return ix.combine(lambda *vs: fn(*vs) if all(v.is_integer for v in vs) else None,
@@ -70,8 +71,8 @@ def _integer_op(fn: Callable[..., sympy.Basic]) -> Callable[[Step], Indexed | No
 
 
 def _compare(rel: Callable[..., sympy.Basic],
-             on_bools: Callable[..., sympy.Basic] | None = None) -> Callable[[Step], Any]:
-    def transfer(s: Step):
+             on_bools: Callable[..., sympy.Basic] | None = None) -> Callable[[NodeTransfer], Any]:
+    def transfer(s: NodeTransfer):
         if s.args[0].kind == "bool":
             return None if on_bools is None else ix.combine(on_bools, "bool", s.shape, *s.args)
         return ix.combine(lambda a, b: rel(a, b) if a.is_integer and b.is_integer else None,
@@ -87,16 +88,16 @@ def _differ(a, b):
     return sympy.Or(sympy.And(a, ix.negate(b)), sympy.And(ix.negate(a), b))
 
 
-def _logic(fn: Callable[..., sympy.Basic]) -> Callable[[Step], Indexed | None]:
+def _logic(fn: Callable[..., sympy.Basic]) -> Callable[[NodeTransfer], Indexed | None]:
     """Logic on bool tensors (bitwise ops on integers are not modelled)."""
-    def transfer(s: Step):
+    def transfer(s: NodeTransfer):
         if any(a.kind != "bool" for a in s.args):
             return None
         return ix.combine(fn, "bool", s.shape, *s.args)
     return transfer
 
 
-def _where(s: Step):
+def _where(s: NodeTransfer):
     cond, a, b = (ix.broadcast(x, s.shape) for x in s.args)
     if None in (cond, a, b):
         return None
@@ -105,7 +106,7 @@ def _where(s: Step):
                     + [(sympy.And(ix.negate(c), cb), vb) for cb, vb in b.cases])
 
 
-def _cast(s: Step):
+def _cast(s: NodeTransfer):
     x, src, dst = s.args[0], s.node.inputs[0].dtype, s.node.outputs[0].dtype
     if dst == DType.bool:
         if x.kind == "bool":
@@ -125,7 +126,7 @@ def same_dim(a, b) -> bool:
     return a == b or equal(a, b)
 
 
-def _reshape(s: Step):
+def _reshape(s: NodeTransfer):
     """Only reshapes that insert or remove size-1 dims (unsqueeze, squeeze, view as [1, 1, S])."""
     x = s.args[0]
     old = [d for d, n in enumerate(x.shape) if n != 1]
@@ -136,16 +137,16 @@ def _reshape(s: Step):
     return ix.reindex(x, s.shape, {INDEX[a]: INDEX[b] for a, b in zip(old, new)})
 
 
-def _expand(s: Step):
+def _expand(s: NodeTransfer):
     return ix.broadcast(s.args[0], s.shape)
 
 
-def _permute(s: Step):
+def _permute(s: NodeTransfer):
     dims = [d % len(s.shape) for d in s.attr("dims")]
     return ix.reindex(s.args[0], s.shape, {INDEX[d]: INDEX[k] for k, d in enumerate(dims)})
 
 
-def _position(s: Step, index, size) -> sympy.Basic | None:
+def _position(s: NodeTransfer, index, size) -> sympy.Basic | None:
     """A start or index as torch reads it (negative ints count from the end); None if it may
     fall outside [0, size - 1]."""
     index = sympy.sympify(index)
@@ -156,7 +157,7 @@ def _position(s: Step, index, size) -> sympy.Basic | None:
     return index
 
 
-def _slice(s: Step):
+def _slice(s: NodeTransfer):
     x, d, step = s.args[0], s.axis(), s.attr("step")
     size, length = sympy.sympify(x.shape[d]), sympy.sympify(s.shape[d])
     start = _position(s, s.attr("start"), size)
@@ -167,7 +168,7 @@ def _slice(s: Step):
     return ix.reindex(x, s.shape, {INDEX[d]: start + step * INDEX[d]})
 
 
-def _select(s: Step):
+def _select(s: NodeTransfer):
     x = s.args[0]
     d = s.axis(rank=x.rank)
     index = _position(s, s.attr("index"), sympy.sympify(x.shape[d]))
@@ -177,7 +178,7 @@ def _select(s: Step):
     return ix.reindex(x, s.shape, {**mapping, INDEX[d]: index})
 
 
-def _concat(s: Step):
+def _concat(s: NodeTransfer):
     d, v, cases, offset = s.axis(), INDEX[s.axis()], [], sympy.Integer(0)
     for k, piece in enumerate(s.args):
         size = sympy.sympify(piece.shape[d])
@@ -190,7 +191,7 @@ def _concat(s: Step):
     return ix.build(s.shape, s.kind, cases)
 
 
-def _gather_cases(s: Step, x: Indexed, placed: dict[int, Indexed], keep: dict[int, int]):
+def _gather_cases(s: NodeTransfer, x: Indexed, placed: dict[int, Indexed], keep: dict[int, int]):
     """x read with axis a at the values of `placed[a]` (already in output indices) and axis b at
     output index keep[b]; one case per combination of the index tensors' cases."""
     axes = list(placed)
@@ -205,12 +206,12 @@ def _gather_cases(s: Step, x: Indexed, placed: dict[int, Indexed], keep: dict[in
     return ix.build(s.shape, s.kind, cases)
 
 
-def _in_range(s: Step, index: Indexed, size) -> bool:
+def _in_range(s: NodeTransfer, index: Indexed, size) -> bool:
     return index.kind == "int" and ix.provably_within(index, sympy.Integer(0),
                                                        sympy.sympify(size) - 1, s.ranges)
 
 
-def _index(s: Step):
+def _index(s: NodeTransfer):
     """numpy advanced indexing (`x[i0, _, i2]`), every index provably in range."""
     x, indices = s.args[0], s.args[1:]
     present = [a for a, t in enumerate(indices) if t is not None]
@@ -234,7 +235,7 @@ def _index(s: Step):
     return _gather_cases(s, x, placed, keep)
 
 
-def _index_select(s: Step):
+def _index_select(s: NodeTransfer):
     x, index = s.args
     d = s.axis(rank=x.rank)
     if index.rank != 1 or not _in_range(s, index, x.shape[d]):
@@ -243,7 +244,7 @@ def _index_select(s: Step):
     return _gather_cases(s, x, placed, {a: a for a in range(x.rank) if a != d})
 
 
-def _cumsum(s: Step):
+def _cumsum(s: NodeTransfer):
     """Closed form only for a summand independent of the scanned index: value * (i + 1)."""
     x, v = s.args[0], INDEX[s.axis()]
     cases = ix.as_cases(x)
@@ -253,8 +254,8 @@ def _cumsum(s: Step):
     return ix.build(s.shape, s.kind, [(c, value * (v + 1)) for c, value in cases])
 
 
-def _triangle(lower: bool) -> Callable[[Step], Indexed | None]:
-    def transfer(s: Step):
+def _triangle(lower: bool) -> Callable[[NodeTransfer], Indexed | None]:
+    def transfer(s: NodeTransfer):
         x, k = s.args[0], s.attr("diagonal")
         if len(s.shape) < 2:
             return None
@@ -267,7 +268,7 @@ def _triangle(lower: bool) -> Callable[[Step], Indexed | None]:
     return transfer
 
 
-TRANSFERS: dict[str, Callable[[Step], Indexed | None]] = {
+TRANSFERS: dict[str, Callable[[NodeTransfer], Indexed | None]] = {
     "constant": _constant, "full": _constant, "arange": _arange,
     "add": _integer_op(lambda a, b: a + b), "sub": _integer_op(lambda a, b: a - b),
     "mul": _integer_op(lambda a, b: a * b), "neg": _integer_op(lambda a: -a),

@@ -17,7 +17,7 @@ from compiler.ir.symbolic import product
 from . import index_expressions as ix
 from .base import Pass, PassResult
 from .index_expressions import INDEX, Indexed
-from .mask_transfers import TRANSFERS, Step, same_dim
+from .mask_transfers import TRANSFERS, NodeTransfer, same_dim
 from .registry import register_pass
 
 _MAX_WEIGHT_ELEMENTS = 1 << 16  # a larger constant is never a mask ingredient worth reading
@@ -53,7 +53,7 @@ class MaskProver:
 
     def _transfer(self, node: Node, args: list[Indexed | None]) -> Indexed | None:
         rule = TRANSFERS.get(node.op)
-        result = None if rule is None else rule(Step(node, args, self.ranges))
+        result = None if rule is None else rule(NodeTransfer(node, args, self.ranges))
         if result is not None:
             result = ix.simplify(result, self.ranges)
         if result is None or not ix.fits(result, node.outputs[0].dtype, self.ranges):

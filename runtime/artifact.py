@@ -1,4 +1,5 @@
-"""The artifact on disk: its layout and the reader (the writer is `artifact_writer`).
+"""The artifact on disk: its layout and the reader (the writer, at compile time, is
+`compiler.writer`).
 
 ```
 model.dz/

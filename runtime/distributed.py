@@ -42,11 +42,11 @@ from compiler.errors import ArtifactError, DayzeroError
 from .artifact import Artifact, open_artifact
 from .artifact import _read_manifest as read_manifest
 from .comm import DEFAULT_TIMEOUT, Rendezvous, TorchCommunicator, barrier, connect
-from .convert import to_numpy
 from .index_inputs import read_index_inputs
 from .npz_files import write_npz
 from .specs import TensorSpec, specs_from_manifest
 from .stale_dirs import sweep
+from .to_numpy import to_numpy
 from .validate import check_output_shapes, prepare_inputs
 
 WORKER = "runtime.distributed"

@@ -14,9 +14,9 @@ from compiler.errors import DayzeroError
 from compiler.ir.dtypes import DType
 
 from .artifact import Artifact, open_artifact
-from .convert import to_numpy
 from .index_inputs import read_index_inputs
 from .specs import TensorSpec, specs_from_manifest
+from .to_numpy import to_numpy
 from .validate import check_output_shapes, prepare_inputs
 
 

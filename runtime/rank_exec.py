@@ -20,10 +20,10 @@ from compiler.ir import DType, Graph, get_op, print_ir, symbolic
 
 from .artifact import Artifact
 from .comm import RankFailure
-from .convert import to_numpy
 from .graph_checks import parse_verified
 from .rank_files import segment_payload_dir
-from .segments import Step, split_steps
+from .segments import RankStep, split_steps
+from .to_numpy import to_numpy
 
 
 class SegmentView:
@@ -61,7 +61,7 @@ class RankExecutor:
         self.graph = parse_verified(artifact.graph_text(rank),
                                     f"{artifact.root}/graphs/rank-{rank}.dzir")
         backend = backends.get(artifact.backend)
-        self.steps: list[Step] = split_steps(self.graph)
+        self.steps: list[RankStep] = split_steps(self.graph)
         self.loaded: dict[int, Any] = {}
         segment = 0
         for index, step in enumerate(self.steps):

@@ -21,7 +21,7 @@ from compiler.ir.ops.collective import COMMUNICATION_OPS
 
 
 @dataclass
-class Step:
+class RankStep:
     node: Node | None = None  # a communication op, or None for a compute segment
     graph: Graph | None = None  # the compute segment as a graph
     reads: list[Value] | None = None  # values of the rank graph it takes (after the inputs)
@@ -32,7 +32,7 @@ class Step:
         return self.node is None
 
 
-def split_steps(graph: Graph) -> list[Step]:
+def split_steps(graph: Graph) -> list[RankStep]:
     """The rank graph as compute segments and communication ops, in execution order."""
     runs: list[list[Node] | Node] = []
     for node in graph.nodes:
@@ -46,7 +46,7 @@ def split_steps(graph: Graph) -> list[Step]:
     steps = []
     for index, run in enumerate(runs):
         if isinstance(run, Node):
-            steps.append(Step(node=run))
+            steps.append(RankStep(node=run))
         else:
             steps.append(_segment(graph, run, later[index], len(steps)))
     return steps
@@ -63,7 +63,7 @@ def _later_reads(graph: Graph, runs) -> list[set[int]]:
     return out[::-1]
 
 
-def _segment(graph: Graph, nodes: list[Node], later: set[int], index: int) -> Step:
+def _segment(graph: Graph, nodes: list[Node], later: set[int], index: int) -> RankStep:
     inputs = {id(v) for v in graph.inputs}
     made = {id(v) for n in nodes for v in n.outputs}
     reads: dict[int, Value] = {}
@@ -91,4 +91,4 @@ def _segment(graph: Graph, nodes: list[Node], later: set[int], index: int) -> St
             o.type for o in node.outputs], loc=node.loc, names=[o.name for o in node.outputs])
         env.update({id(o): n for o, n in zip(node.outputs, new.outputs)})
     sub.outputs = [env[id(v)] for v in writes]
-    return Step(graph=sub, reads=list(reads.values()), writes=writes)
+    return RankStep(graph=sub, reads=list(reads.values()), writes=writes)

@@ -16,10 +16,10 @@ import numpy as np
 from compiler.errors import InputError
 from compiler.ir.dtypes import DType
 
-from .convert import to_numpy
 from .dims import dim_symbols, eval_dim
 from .index_inputs import IndexRange
 from .specs import TensorSpec
+from .to_numpy import to_numpy
 
 
 def prepare_inputs(specs: Sequence[TensorSpec], inputs: Sequence[Any],

@@ -13,9 +13,8 @@ from compiler import layering
 ROOT = Path(__file__).resolve().parents[1]
 
 # Renames this check waits for, in files that were being edited elsewhere when it was written
-# (passes/mask_transfers.py and runtime/segments.py each define a `Step`; propagate.py registers
-# `propagate_sharding`). Remove an entry once its rename is done.
-PENDING_CLASS_NAMES = {"Step"}
+# (propagate.py registers `propagate_sharding`). Remove an entry once its rename is done.
+PENDING_CLASS_NAMES: set[str] = set()
 PENDING_PASS_MODULES = {"propagate_sharding"}
 
 
