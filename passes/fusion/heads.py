@@ -14,7 +14,9 @@ MultiHeadAttention) skips the four transposes and the separate rotary ops. Backe
 get the same nodes back from its decomposition. The split must be exactly `reshape` to
 [b, s, h, d] then `permute [0, 2, 1, 3]`, and the merge its inverse (to [b, s, h * d], or to
 [b * s, h * d] as GPT-2 writes it); the transposed intermediates may have no other reader (a KV
-cache returned as an output keeps the block unfused).
+cache returned as an output keeps the block unfused). Qwen3 RMS-normalizes each head of q and k
+between the split and the rotary (q_norm, k_norm); that block fuses too, the norms kept on the
+projections split and merged again.
 """
 
 from __future__ import annotations
@@ -34,6 +36,15 @@ def _split(op, x, name: str):
                       _name=f"{name}_split")
 
 
+def _normed_split(op, x, w, name: str):
+    """Qwen3's split: each head RMS-normalized (q_norm / k_norm over head_size) before the
+    transpose."""
+    heads = op.reshape(x, _name=f"{name}_heads")
+    normed = op.rms_norm(heads, w, normalized_shape=op.capture(f"{name}_norm_shape"),
+                         eps=op.capture(f"{name}_eps"), _name=f"{name}_normed")
+    return op.permute(normed, dims=_is_heads_first, _name=f"{name}_split")
+
+
 def _merge(op, attended):
     return op.reshape(op.permute(attended, dims=_is_heads_first), _name="merged")
 
@@ -47,6 +58,12 @@ def _attend(op, q, k, v, mask):
 def _rotary_block(op, q, k, v, cos, sin, mask):
     rotated_q = op.rotary_embedding(_split(op, q, "q"), cos, sin)
     rotated_k = op.rotary_embedding(_split(op, k, "k"), cos, sin)
+    return _merge(op, _attend(op, rotated_q, rotated_k, _split(op, v, "v"), mask))
+
+
+def _normed_rotary_block(op, q, k, v, cos, sin, mask, q_w, k_w):
+    rotated_q = op.rotary_embedding(_normed_split(op, q, q_w, "q"), cos, sin)
+    rotated_k = op.rotary_embedding(_normed_split(op, k, k_w, "k"), cos, sin)
     return _merge(op, _attend(op, rotated_q, rotated_k, _split(op, v, "v"), mask))
 
 
@@ -88,7 +105,32 @@ def _rewrite(op, q, k, v, q_heads, k_heads, merged, scale, is_causal, mask=None,
     return out
 
 
+def _check_normed(ctx, q_heads, k_heads, q_normed, q_w, k_w, q_norm_shape, k_norm_shape, **b):
+    size = q_heads.shape[-1]
+    if list(q_norm_shape) != [size] or list(k_norm_shape) != [k_heads.shape[-1]]:
+        return "the per-head norms do not normalize over head_size alone"
+    for w, heads in ((q_w, q_heads), (k_w, k_heads)):
+        if w is None or not shape_is(w, [heads.shape[-1]]) or w.dtype != q_normed.dtype:
+            return f"%{getattr(w, 'name', '_')} is not a per-head norm weight"
+    return _check(ctx, q_heads=q_heads, k_heads=k_heads, **b)
+
+
+def _rewrite_normed(op, q, k, q_heads, k_heads, q_w, k_w, q_norm_shape, k_norm_shape, q_eps,
+                    k_eps, **b):
+    """The norms stay, on the projections split and merged again ([b, s, h * d] in and out:
+    two free reshapes), so the block fuses and a backend kernel gets normalized q and k."""
+    def normed(x, heads, w, shape, eps):
+        split = op.reshape(x, shape=list(heads.shape))
+        return op.reshape(op.rms_norm(split, w, normalized_shape=list(shape), eps=eps),
+                          shape=list(x.shape))
+    return _rewrite(op, normed(q, q_heads, q_w, q_norm_shape, q_eps),
+                    normed(k, k_heads, k_w, k_norm_shape, k_eps), q_heads=q_heads,
+                    k_heads=k_heads, **b)
+
+
+NORMED_ROTARY_BLOCK = rule("multi_head_attention_normed_rotary", _normed_rotary_block,
+                           _rewrite_normed, check=_check_normed)
 ROTARY_BLOCK = rule("multi_head_attention_rotary", _rotary_block, _rewrite, check=_check)
 PLAIN_BLOCK = rule("multi_head_attention", _plain_block, _rewrite, check=_check)
 
-RULES = RuleSet([ROTARY_BLOCK, PLAIN_BLOCK], "heads")
+RULES = RuleSet([NORMED_ROTARY_BLOCK, ROTARY_BLOCK, PLAIN_BLOCK], "heads")

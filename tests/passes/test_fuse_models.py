@@ -146,3 +146,46 @@ def test_clip_vision_quick_gelu_is_fused():
     assert {n.attrs["alpha"] for n in graph.nodes if n.op == "quick_gelu"} == {1.702}
     (got,) = run_graph(graph, graph.weight_data, [pixels])
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+class _Logits(torch.nn.Module):
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids):
+        return self.model(input_ids=ids, use_cache=False).logits
+
+
+def test_qwen3_per_head_norms_fuse_into_the_attention_block(tmp_path):
+    """Qwen3 RMS-normalizes each head of q and k (q_norm, k_norm) between the split and the
+    rotary: the block still becomes one multi_head_attention (the norms kept on the [b, s, h*d]
+    projections), onnxruntime runs it on CausalAttention, and the logits match transformers."""
+    import json
+
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    import runtime
+
+    torch.manual_seed(0)
+    config = Qwen3Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=128, vocab_size=256,
+                         head_dim=16)
+    model = _Logits(Qwen3ForCausalLM(config).eval())
+    ids = torch.randint(0, 256, (1, 8))
+    seq = torch.export.Dim("seq", min=2, max=64)
+    graph = PassManager(DEFAULT_PIPELINE).run(compiler.export(model, (ids,), ({1: seq},)))
+    graph = PassManager("fuse").run(graph)
+    attention = [n for n in graph.nodes if n.op == "multi_head_attention"]
+    assert len(attention) == 2 and all(n.inputs[3] is not None for n in attention)  # rotary
+    assert not [n for n in graph.nodes if n.op in ("permute", "rotary_embedding")]
+    path = compiler.compile(model, (ids,), tmp_path / "qwen3.dz", dynamic_shapes=({1: seq},))
+    lowering = json.loads((path / "backend" / "lowering.json").read_text())
+    assert any("CausalAttention" in v or "GroupQueryAttention" in v for v in lowering["variants"])
+    loaded = runtime.load(path)
+    for length in (2, 9, 40):
+        x = torch.randint(0, 256, (1, length), generator=torch.Generator().manual_seed(length))
+        with torch.no_grad():
+            want = model(x).numpy()
+        got = loaded(x.numpy())[0]
+        assert abs(got - want).max() <= 1e-5 * max(1.0, abs(want).max())
