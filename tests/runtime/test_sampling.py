@@ -5,8 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
-                                                    TopPLogitsWarper)
+from transformers.generation.logits_process import (
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 from compiler.errors import InputError
 from runtime.sampling import SamplingParams, next_tokens, probabilities

@@ -1,0 +1,165 @@
+"""The paged KV cache: fixed-size blocks of one preallocated pool, per-sequence block tables.
+
+As vLLM pages it: a sequence's keys and values live in blocks of `block_size` tokens anywhere in
+the pool, listed in its block table, so sequences of any length share one allocation sized once
+from the config (`generation.kv_cache_memory`), nothing is copied when a sequence grows, and a
+finished sequence's blocks are free at once. `BlockAllocator` keeps the books (which block
+belongs to whom; which sequence to preempt when the pool runs dry: the newest, whose recompute
+costs least and which has waited least); `PagedKVCache` holds the data, one [blocks, block_size,
+kv_heads, head_size] array per layer for keys and one for values. With `dtype="int8"` each
+token's head is stored as int8 with a float32 scale (max |x| / 127), a quarter of fp32's bytes;
+int8 cannot hold NaN or Inf, so writing one is refused rather than silently clipped.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from compiler.errors import DayzeroError, InputError
+
+_ITEMSIZE = {"f32": 4, "f16": 2, "int8": 1}
+_NUMPY = {"f32": np.float32, "f16": np.float16, "int8": np.int8}
+
+
+class CacheFullError(DayzeroError):
+    """No free block for a sequence: the caller preempts (`BlockAllocator.victim`) and retries."""
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    layers: int
+    kv_heads: int
+    head_size: int
+    block_size: int = 16
+    dtype: str = "f32"
+
+    def __post_init__(self) -> None:
+        for name in ("layers", "kv_heads", "head_size", "block_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InputError(f"{name}={value!r} is not a positive integer",
+                                 f"generation.{name}", f"set {name} to an integer >= 1")
+        if self.dtype not in _ITEMSIZE:
+            raise InputError(f"kv cache dtype {self.dtype!r} is not one of "
+                             f"{', '.join(_ITEMSIZE)}", "precision.kv_cache_dtype",
+                             "use f32, f16 or int8")
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of one block over every layer, keys and values (int8: with its scales)."""
+        per_token_head = self.head_size * _ITEMSIZE[self.dtype] + (4 if self.dtype == "int8"
+                                                                    else 0)
+        return 2 * self.layers * self.block_size * self.kv_heads * per_token_head
+
+    def blocks_for(self, memory_bytes: int) -> int:
+        """How many blocks `memory_bytes` holds; at least one, or an error saying how much one
+        block needs."""
+        blocks = int(memory_bytes) // self.block_bytes
+        if blocks < 1:
+            raise InputError(f"kv_cache_memory of {memory_bytes} bytes holds no block of "
+                             f"{self.block_bytes} bytes ({self.block_size} tokens)",
+                             "generation.kv_cache_memory",
+                             f"give at least {self.block_bytes} bytes, or a smaller block_size")
+        return blocks
+
+
+@dataclass
+class BlockAllocator:
+    """Which block belongs to which sequence; free blocks are reused most recent first."""
+    num_blocks: int
+    block_size: int
+    free: list[int] = field(default_factory=list)
+    tables: dict[object, list[int]] = field(default_factory=dict)
+    lengths: dict[object, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.free = list(range(self.num_blocks - 1, -1, -1))  # pop() hands out 0, 1, 2, ...
+
+    def blocks_needed(self, tokens: int) -> int:
+        return math.ceil(tokens / self.block_size)
+
+    def fits(self, seq: object, length: int) -> bool:
+        """Whether `seq` can grow to `length` tokens without preempting anyone."""
+        have = len(self.tables.get(seq, ()))
+        return self.blocks_needed(length) - have <= len(self.free)
+
+    def grow(self, seq: object, length: int) -> list[int]:
+        """Give `seq` blocks for `length` tokens (admitting it if new); its block table."""
+        table = self.tables.get(seq, [])
+        more = self.blocks_needed(length) - len(table)
+        if more > len(self.free):
+            raise CacheFullError(
+                f"sequence {seq!r} needs {more} more block(s) of {self.block_size} tokens for "
+                f"{length} tokens; {len(self.free)} of {self.num_blocks} are free",
+                "kv cache", "preempt a sequence (the newest) and retry, or give the cache "
+                "more memory (generation.kv_cache_memory)")
+        self.tables[seq] = table + [self.free.pop() for _ in range(max(more, 0))]
+        self.lengths[seq] = max(length, self.lengths.get(seq, 0))
+        return self.tables[seq]
+
+    def release(self, seq: object) -> None:
+        """Free every block of `seq` (it finished, was cancelled or is preempted)."""
+        self.free.extend(reversed(self.tables.pop(seq, [])))
+        self.lengths.pop(seq, None)
+
+    def victim(self) -> object | None:
+        """The sequence to preempt when the pool runs dry: the most recently admitted."""
+        return next(reversed(self.tables), None)
+
+    @property
+    def used(self) -> int:
+        return self.num_blocks - len(self.free)
+
+
+class PagedKVCache:
+    """The pool's data: keys and values per layer, addressed through a block table."""
+
+    def __init__(self, layout: CacheLayout, num_blocks: int):
+        self.layout = layout
+        shape = (layout.layers, num_blocks, layout.block_size, layout.kv_heads, layout.head_size)
+        self.keys = np.zeros(shape, _NUMPY[layout.dtype])
+        self.values = np.zeros(shape, _NUMPY[layout.dtype])
+        self.scales = (np.zeros((2, *shape[:-1]), np.float32) if layout.dtype == "int8"
+                       else None)
+
+    def write(self, layer: int, table: list[int], start: int, keys: np.ndarray,
+              values: np.ndarray) -> None:
+        """Store tokens start .. start + len(keys) - 1 ([tokens, kv_heads, head_size] each)."""
+        slots = self._slots(table, start, len(keys))
+        for which, (store, data) in enumerate(((self.keys, keys), (self.values, values))):
+            if self.scales is None:
+                store[layer, slots[0], slots[1]] = data
+                continue
+            if not np.isfinite(data).all():
+                token = int(np.argwhere(~np.isfinite(data))[0][0]) + start
+                raise InputError(f"layer {layer}'s {('keys', 'values')[which]} hold a NaN or "
+                                 f"Inf at token {token}, which an int8 cache cannot store",
+                                 "precision.kv_cache_dtype",
+                                 "use kv_cache_dtype f32 or f16 to keep non-finite values")
+            scale = np.abs(data).max(axis=-1) / 127.0
+            safe = np.where(scale > 0, scale, 1.0)[..., None]
+            store[layer, slots[0], slots[1]] = np.rint(data / safe).astype(np.int8)
+            self.scales[which, layer, slots[0], slots[1]] = scale
+
+    def read(self, layer: int, table: list[int], length: int) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens 0 .. length - 1 as contiguous float32 [length, kv_heads, head_size] arrays."""
+        slots = self._slots(table, 0, length)
+        out = []
+        for which, store in enumerate((self.keys, self.values)):
+            data = store[layer, slots[0], slots[1]].astype(np.float32)
+            if self.scales is not None:
+                data *= self.scales[which, layer, slots[0], slots[1]][..., None]
+            out.append(data)
+        return out[0], out[1]
+
+    def _slots(self, table: list[int], start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        positions = np.arange(start, start + count)
+        size = self.layout.block_size
+        if count and positions[-1] // size >= len(table):
+            raise InputError(f"tokens up to {positions[-1]} need {positions[-1] // size + 1} "
+                             f"blocks; the table has {len(table)}", "kv cache",
+                             "grow the sequence (BlockAllocator.grow) before writing")
+        return np.asarray(table, np.int64)[positions // size], positions % size
