@@ -161,7 +161,7 @@ class RecognizeCausalMasks(Pass):
             if node.op != "scaled_dot_product_attention" or node.attrs["is_causal"] \
                     or node.inputs[3] is None or prover.why_not_causal(node) is not None:
                 continue
-            node.inputs = [*node.inputs[:3], None]
+            graph.set_input(node, 3, None)
             node.attrs = {**node.attrs, "is_causal": True}
             changed = True
         return PassResult(graph, changed)

@@ -34,7 +34,12 @@ _GENERIC_FIX = ("make the model traceable by torch.export (see torch's message),
 def export(model: torch.nn.Module, example_inputs: tuple, dynamic_shapes=None) -> Graph:
     """Trace `model` on `example_inputs` and return its IR Graph with weights attached."""
     _check_arguments(model, example_inputs)
-    program = _trace(model, tuple(example_inputs), dynamic_shapes)
+    return convert_program(_trace(model, tuple(example_inputs), dynamic_shapes), model)
+
+
+def convert_program(program, model: torch.nn.Module) -> Graph:
+    """The IR of a program torch.export traced from `model`: the part of `export` that is
+    dayzero's own work (benchmarks/compile_scale.py times it apart from torch.export)."""
     # the checks first: a data check alone (LLaVA's image-token count) would otherwise send an
     # all-converted program through torch's decompositions; again after, for any they add
     drop_data_checks(program)
