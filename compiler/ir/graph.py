@@ -44,7 +44,9 @@ class Value:
     @property
     def users(self) -> list[Node]:
         """The nodes that read this value, each once (graph outputs are not nodes)."""
-        return list(dict.fromkeys(node for node, _ in self._uses))
+        if len(self._uses) < 2:
+            return [node for node, _ in self._uses]
+        return list(dict.fromkeys([node for node, _ in self._uses]))
 
     @property
     def dtype(self):
@@ -182,6 +184,8 @@ class Graph:
     def index(self, node: Node) -> int:
         """The position of `node` in `nodes` (ValueError when it is not there)."""
         key = self._keys.get(node)
+        if key is None and len(self._keys) == len(self._nodes):
+            raise ValueError(f"{node!r} is not in graph {self.name}")
         if key is not None:
             try:
                 i = bisect_left(self._nodes, key, key=self._keys.__getitem__)
@@ -215,17 +219,11 @@ class Graph:
         self._keys = {node: i * _GAP for i, node in enumerate(self._nodes)}
 
     # -- queries ------------------------------------------------------------------------------
-    def users(self) -> dict[Value, list[Node]]:
+    def users(self) -> Mapping[Value, list[Node]]:
         """Map from each value to the nodes that read it, in graph order, once per operand
-        (graph outputs are not nodes). Built from the use-lists; hot code reads `value.users`."""
-        position = {node: i for i, node in enumerate(self._nodes)}
-        table: dict[Value, list[Node]] = {}
-        for value in self.values():
-            uses = [(position[n], i, n) for n, i in value._uses if n in position]
-            if uses:
-                uses.sort(key=lambda use: use[:2])
-                table[value] = [n for _, _, n in uses]
-        return table
+        (graph outputs are not nodes); values nothing reads are not keys. A view over the
+        use-lists: building it costs nothing, each lookup sorts that value's readers."""
+        return _Users(self)
 
     def values(self) -> Iterable[Value]:
         yield from self.inputs
@@ -276,25 +274,23 @@ class Graph:
                     value._uses.pop((node, i), None)
 
     def set_nodes(self, nodes: Iterable[Node]) -> None:
-        """Replace the node list (a new order, some nodes dropped or added) and rebuild the
-        use-lists of every value involved: one pass over the graph, for passes that rebuild
-        the whole order anyway (dead code, CSE, scheduling)."""
+        """Replace the node list: a new order, with nodes dropped (their reads go) or added
+        (their reads are recorded). One pass over the graph, for passes that rebuild the whole
+        order anyway (dead code, CSE, scheduling)."""
         nodes = list(nodes)
-        for node in itertools.chain(self._nodes, nodes):
-            for value in node.inputs:
-                if value is not None:
-                    value._uses.clear()
-        for value in itertools.chain(self.inputs, self.weights.values()):
-            value._uses.clear()
-        for node in itertools.chain(self._nodes, nodes):
-            for value in node.outputs:
-                value._uses.clear()
+        old, new = set(self._nodes), set(nodes)
+        for node in self._nodes:
+            if node not in new:
+                for i, value in enumerate(node.inputs):
+                    if value is not None:
+                        value._uses.pop((node, i), None)
+        for node in nodes:
+            if node not in old:
+                for i, value in enumerate(node.inputs):
+                    if value is not None:
+                        value._uses[(node, i)] = None
         self._nodes = nodes
         self._renumber()
-        for node in nodes:
-            for i, value in enumerate(node.inputs):
-                if value is not None:
-                    value._uses[(node, i)] = None
 
     def remove_unused_weights(self) -> bool:
         used = {v.name for n in self.nodes for v in n.inputs if v is not None}
@@ -308,3 +304,35 @@ class Graph:
     def __repr__(self) -> str:
         return f"Graph({self.name}: {len(self.inputs)} inputs, {len(self.weights)} weights, " \
                f"{len(self.nodes)} nodes, {len(self.outputs)} outputs)"
+
+
+class _Users(Mapping):
+    """`Graph.users()`: value -> its reading nodes in graph order, read from the use-lists."""
+
+    def __init__(self, graph: Graph):
+        self._graph = graph
+
+    def __getitem__(self, value: Value) -> list[Node]:
+        found = []
+        for node, index in value._uses:
+            try:
+                found.append((self._graph.index(node), index, node))
+            except ValueError:  # a reader in another graph
+                continue
+        if not found:
+            raise KeyError(value)
+        found.sort(key=lambda use: use[:2])
+        return [node for _, _, node in found]
+
+    def __iter__(self):
+        return (value for value in self._graph.values() if value in self)
+
+    def __contains__(self, value: object) -> bool:
+        try:
+            self[value]
+        except (KeyError, AttributeError):
+            return False
+        return True
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)

@@ -40,10 +40,10 @@ UNMARKED_KINDS = frozenset({"view", "data_movement", "creation"})
 # itself again would otherwise loop forever.
 _MAX_REWRITES_PER_NODE = 8
 
-# After a rewrite, at most this many readers downstream of what it touched go on the worklist: a
-# value read by every layer (a mask, the rotary tables) must not make each rewrite cost O(layers).
-# The final full sweep catches anything a capped walk left out.
-_MAX_TOUCHED = 256
+# After a rewrite, at most this many readers of what it touched go on the worklist: a value read
+# by every layer (a mask, the rotary tables) must not make each rewrite cost O(layers). The final
+# full sweep catches anything a capped walk left out.
+_MAX_TOUCHED = 64
 
 # Patterns look through no-op views and casts, so they reach a little deeper than they are written.
 _NOOP_SLACK = 2
@@ -163,32 +163,37 @@ def _sweep(state: _State, full: bool, misses: list[RewriteMiss] | None) -> bool:
 
 def _touch(state: _State, applied: _Applied) -> None:
     """Put on the worklist whatever the rewrite may have made matchable: the created nodes, the
-    producers of every value it read, wrote or rewired, and their readers up to `reach` levels
-    down (a pattern rooted there may now fit, or no longer escape its match)."""
+    producers and readers of every value it read (it may have taken a reader away), and the
+    readers of what it wrote or rewired up to `reach` levels down (a pattern rooted there may
+    now fit)."""
     gone = set(applied.removed)
     dirty = state.dirty
     dirty.difference_update(gone)
     dirty.update(applied.created)
-    values = [v for n in applied.created for v in (*n.inputs, *n.outputs) if v is not None]
-    values += [new for _, new in applied.pairs]
-    values += [v for n in applied.removed for v in n.inputs if v is not None]
-    for value in values:
+    written = [v for n in applied.created for v in n.outputs] + [new for _, new in applied.pairs]
+    read = [v for n in (*applied.created, *applied.removed) for v in n.inputs if v is not None]
+    for value in read + written:
         if value.producer is not None and value.producer not in gone:
             dirty.add(value.producer)
-    frontier, seen, budget = values, set(), _MAX_TOUCHED
-    for _ in range(state.reach):
+    budget = [_MAX_TOUCHED]
+    _mark_readers(dirty, read, 1, budget)
+    _mark_readers(dirty, written, state.reach, budget)
+
+
+def _mark_readers(dirty: set[Node], values: list[Value], depth: int, budget: list[int]) -> None:
+    """Readers of `values`, and theirs, `depth` levels down, while `budget` lasts."""
+    for _ in range(depth):
         following = []
-        for value in frontier:
+        for value in values:
             for user in value.users:
-                if user in seen:
+                if user in dirty:
                     continue
-                if budget == 0:
+                if budget[0] == 0:
                     return
-                seen.add(user)
                 dirty.add(user)
-                budget -= 1
+                budget[0] -= 1
                 following.extend(user.outputs)
-        frontier = following
+        values = following
 
 
 def _depth(pattern) -> int:
