@@ -12,7 +12,8 @@ lowering, and writing the artifact. Each time is the minimum of `--repeat` runs.
 
 For each stage it prints (t_big / t_small) / (n_big / n_small) between the two largest depths:
 1.0 is linear; a stage of dayzero's own passes below 1.3 (issue 17). Exit status 1 when one
-does not. Stages shorter than 5 ms at the largest depth are too small to judge and pass.
+does not. Stages shorter than 50 ms at the largest depth are within timer and GC noise on a
+shared machine: too small to judge, they pass.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from passes.plan_memory import memory_plan_for  # noqa: E402
 from runtime.artifact_writer import write_artifact  # noqa: E402
 
 LIMIT = 1.3
-TOO_SMALL_S = 0.005
+TOO_SMALL_S = 0.05
 TORCH_STAGES = {"torch.export"}
 
 

@@ -6,10 +6,11 @@ rewrite created, so a rule can build on another's result (rms_norm, then the wei
 it, then the residual add before it).
 
 Only the first sweep tries every node. A rewrite puts on a worklist what it touched: the nodes
-it created, the producers of the values it read, wrote or rewired, and their readers a few
-levels down (as deep as a pattern reaches); the next sweeps try only worklist nodes, in graph
-order, until the worklist is empty. One last full sweep then confirms that nothing matches
-anywhere (and collects the misses `--report` explains). So the work is linear in the graph:
+it created, the producers of the values it read, wrote or rewired, the readers of the values it
+read, and the readers of what it wrote, as many levels down as a pattern reaches (64 nodes at
+most); the next sweeps try only worklist nodes, in graph order, until the worklist is empty.
+One last full sweep then confirms that nothing matches anywhere (and collects the misses
+`--report` explains). So the work is linear in the graph:
 about two tries per node plus a bounded neighbourhood per rewrite, never a rescan per rewrite.
 Readers come from the values' use-lists (`Value.users`), kept current by the graph.
 
