@@ -58,8 +58,9 @@ class EliminateCommonSubexpressions(Pass):
         replace: dict[int, Value] = {}
         kept = []
         for node in graph.nodes:
-            if any(v is not None and id(v) in replace for v in node.inputs):
-                node.inputs = [None if v is None else replace.get(id(v), v) for v in node.inputs]
+            for i, v in enumerate(node.inputs):
+                if v is not None and id(v) in replace:
+                    graph.set_input(node, i, replace[id(v)])
             key = node_key(node, order)
             first = seen.get(key)
             if first is None:

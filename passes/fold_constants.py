@@ -160,7 +160,9 @@ def _rebuild(graph: Graph, removed: set[int], wanted: set[int], tensors: dict[in
     nodes = []
     for node in graph.nodes:
         if id(node) not in removed:
-            node.inputs = [None if v is None else replace.get(id(v), v) for v in node.inputs]
+            for i, v in enumerate(node.inputs):
+                if v is not None and id(v) in replace:
+                    graph.set_input(node, i, replace[id(v)])
             nodes.append(node)
             continue
         for value in node.outputs:

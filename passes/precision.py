@@ -228,7 +228,8 @@ class _Rewriter:
     def _node(self, node: Node) -> None:
         inputs = [None if v is None else self.alias.get(id(v), v) for v in node.inputs]
         wants = self.plan.wants[id(node)]
-        node.inputs = [self._cast(v, w, node) for v, w in zip(inputs, wants)]
+        for i, (v, w) in enumerate(zip(inputs, wants)):
+            self.graph.set_input(node, i, self._cast(v, w, node))
         types = [None if v is None else v.type for v in node.inputs]
         for value, out in zip(node.outputs, get_op(node.op).infer(types, node.attrs)):
             if out.dtype != value.type.dtype:
@@ -244,7 +245,7 @@ class _Rewriter:
             self.changed = True
 
     def _next(self, node: Node) -> Node | None:
-        index = self.graph.nodes.index(node)
+        index = self.graph.index(node)
         return self.graph.nodes[index + 1] if index + 1 < len(self.graph.nodes) else None
 
     def _cast(self, value: Value | None, dtype: DType | None, user: Node) -> Value | None:

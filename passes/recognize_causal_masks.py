@@ -165,9 +165,9 @@ class RecognizeCausalMasks(Pass):
         changed = False
         for node, why in graph.analysis(CAUSAL_MASKS).verdicts.items():
             if why is None:
-                node.inputs = [*node.inputs[:3], None]
+                graph.set_input(node, 3, None)
                 node.attrs = {**node.attrs, "is_causal": True}
                 changed = True
-        if changed:  # the edits above bypass the graph's methods: drop the cached proof
+        if changed:  # the attribute edit above bypasses the graph's methods
             mark_changed(graph)
         return PassResult(graph, changed)

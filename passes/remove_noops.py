@@ -130,9 +130,10 @@ class RemoveNoops(Pass):
         detached: list[Value] = []
         kept = []
         for node in graph.nodes:
-            if any(v is not None and id(v) in replace for v in node.inputs):
-                node.inputs = [None if v is None else replace.get(id(v), v) for v in node.inputs]
-            forward = _simplify(node, detached)
+            for i, v in enumerate(node.inputs):
+                if v is not None and id(v) in replace:
+                    graph.set_input(node, i, replace[id(v)])
+            forward = _simplify(graph, node, detached)
             if forward is None:
                 kept.append(node)
             else:
@@ -144,7 +145,7 @@ class RemoveNoops(Pass):
         return PassResult(graph, changed)
 
 
-def _simplify(node: Node, detached: list[Value]) -> Value | None:
+def _simplify(graph: Graph, node: Node, detached: list[Value]) -> Value | None:
     """Apply the node's rule until it stops matching; the forwarded value if it is a no-op.
 
     Operands a reroute stops reading are appended to `detached`.
@@ -154,7 +155,8 @@ def _simplify(node: Node, detached: list[Value]) -> Value | None:
         result = rule(node)
         if isinstance(result, Reroute):
             detached.extend(v for v in node.inputs if v is not None)
-            node.inputs = list(result.inputs)
+            for i, v in enumerate(result.inputs):  # a reroute keeps the node's arity
+                graph.set_input(node, i, v)
             continue
         return result
     return None

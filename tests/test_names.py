@@ -12,10 +12,10 @@ from compiler import layering
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Renames this check waits for, in files that were being edited elsewhere when it was written
-# (propagate.py registers `propagate_sharding`). Remove an entry once its rename is done.
+# Renames this check waits for, in files that were being edited elsewhere when it was written.
+# Remove an entry once its rename is done.
 PENDING_CLASS_NAMES: set[str] = set()
-PENDING_PASS_MODULES = {"propagate_sharding"}
+PENDING_PASS_MODULES: set[str] = set()
 
 
 def class_definitions(root: Path) -> dict[str, list[str]]:

@@ -33,7 +33,8 @@ _GENERIC_FIX = ("make the model traceable by torch.export (see torch's message),
 
 def export(model: torch.nn.Module, example_inputs: tuple, dynamic_shapes=None) -> Graph:
     """Trace `model` on `example_inputs` and return its IR Graph with weights attached."""
-    return program_to_graph(trace_program(model, example_inputs, dynamic_shapes), model)
+    _check_arguments(model, example_inputs)
+    return convert_program(_trace(model, tuple(example_inputs), dynamic_shapes), model)
 
 
 def trace_program(model: torch.nn.Module, example_inputs: tuple, dynamic_shapes=None):
@@ -42,7 +43,16 @@ def trace_program(model: torch.nn.Module, example_inputs: tuple, dynamic_shapes=
     The torch.compile backend partitions this program's graph when some of its ops have no
     converter, so that both see the same ATen ops."""
     _check_arguments(model, example_inputs)
-    program = _trace(model, tuple(example_inputs), dynamic_shapes)
+    return _decomposed(_trace(model, tuple(example_inputs), dynamic_shapes), model)
+
+
+def convert_program(program, model: torch.nn.Module) -> Graph:
+    """The IR of a program torch.export traced from `model`: the part of `export` that is
+    dayzero's own work (benchmarks/compile_scale.py times it apart from torch.export)."""
+    return program_to_graph(_decomposed(program, model), model)
+
+
+def _decomposed(program, model: torch.nn.Module):
     # the checks first: a data check alone (LLaVA's image-token count) would otherwise send an
     # all-converted program through torch's decompositions; again after, for any they add
     drop_data_checks(program)

@@ -9,22 +9,45 @@ topological order; passes may reorder but never break that.
 from __future__ import annotations
 
 import itertools
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .analysis import cached
 from .types import TensorType
 
+# The spacing of fresh order keys: room for ~40 insertions at one place before a renumbering.
+_GAP = 1024.0
+
 
 class Value:
-    """An SSA value: a graph input, a weight, or an output of exactly one node."""
+    """An SSA value: a graph input, a weight, or an output of exactly one node.
 
-    __slots__ = ("name", "type", "producer")
+    It knows its readers: `uses` lists the (node, operand index) pairs that read it, in the
+    order they were made, kept current by the graph's mutation methods (`Graph.add_node`,
+    `set_input`, `replace_uses`, `remove_nodes`, `set_nodes`), so a pass asks a value for its
+    users instead of scanning the graph (the verifier checks they match the graph).
+    """
+
+    __slots__ = ("name", "type", "producer", "_uses")
 
     def __init__(self, name: str, type: TensorType, producer: Node | None = None):
         self.name = name
         self.type = type
         self.producer = producer
+        self._uses: dict[tuple[Node, int], None] = {}
+
+    @property
+    def uses(self) -> list[tuple[Node, int]]:
+        """(node, operand index) of every read, in the order the reads were made."""
+        return list(self._uses)
+
+    @property
+    def users(self) -> list[Node]:
+        """The nodes that read this value, each once (graph outputs are not nodes)."""
+        if len(self._uses) < 2:
+            return [node for node, _ in self._uses]
+        return list(dict.fromkeys([node for node, _ in self._uses]))
 
     @property
     def dtype(self):
@@ -46,7 +69,7 @@ class Node:
     def __init__(self, op: str, inputs: list[Value | None], attrs: dict[str, Any],
                  outputs: list[Value], loc: str | None = None):
         self.op = op
-        self.inputs = inputs
+        self.inputs = list(inputs)
         self.attrs = attrs
         self.outputs = outputs
         self.loc = loc
@@ -71,6 +94,12 @@ class Graph:
 
     `weight_data` maps weight names to tensors when they are known (after export or loading); the
     text form names weights by type only, so a parsed graph has declarations without data.
+
+    Nodes change only through the mutation methods below (`add_node`/`insert_node`,
+    `set_input`, `replace_uses`, `remove_nodes`, `set_nodes`, which `graph.nodes = ...` calls):
+    they keep every value's use-list current. Each node also has an order key that grows along
+    `nodes`, so finding a node's position (`index`) takes a bisection, not a scan: a rewrite
+    that inserts or removes a few nodes costs the same in a graph of 100 or 100,000 nodes.
     """
 
     def __init__(self, name: str = "main"):
@@ -78,7 +107,8 @@ class Graph:
         self.symbols: dict[str, tuple[int, int | None]] = {}
         self.inputs: list[Value] = []
         self.weights: dict[str, Value] = {}
-        self.nodes: list[Node] = []
+        self._nodes: list[Node] = []
+        self._keys: dict[Node, float] = {}
         self.outputs: list[Value] = []
         self.weight_data: dict[str, Any] = {}
         self._counter = itertools.count()
@@ -128,11 +158,16 @@ class Graph:
             output_types = get_op(op).infer(operand_types, attrs)
         names = names or [None] * len(output_types)
         outputs = [Value(self.fresh_name(n), t) for n, t in zip(names, output_types)]
-        node = Node(op, inputs, attrs, outputs, loc)
-        if before is None:
-            self.nodes.append(node)
-        else:
-            self.nodes.insert(self.nodes.index(before), node)
+        return self.insert_node(Node(op, inputs, attrs, outputs, loc), before)
+
+    def insert_node(self, node: Node, before: Node | None = None) -> Node:
+        """Place a built node at the end (or before `before`) and record what it reads."""
+        index = len(self._nodes) if before is None else self.index(before)
+        self._nodes.insert(index, node)
+        self._place(index)
+        for i, value in enumerate(node.inputs):
+            if value is not None:
+                value._uses[(node, i)] = None
         self.version += 1
         return node
 
@@ -142,15 +177,60 @@ class Graph:
         self._names.add(name)
         return name
 
+    # -- order ------------------------------------------------------------------------------
+    @property
+    def nodes(self) -> list[Node]:
+        """The nodes in execution order. Read it freely; change it only through the methods
+        (assigning a new list calls `set_nodes`)."""
+        return self._nodes
+
+    @nodes.setter
+    def nodes(self, nodes: Iterable[Node]) -> None:
+        self.set_nodes(nodes)
+
+    def index(self, node: Node) -> int:
+        """The position of `node` in `nodes` (ValueError when it is not there)."""
+        key = self._keys.get(node)
+        if key is None and len(self._keys) == len(self._nodes):
+            raise ValueError(f"{node!r} is not in graph {self.name}")
+        if key is not None:
+            try:
+                i = bisect_left(self._nodes, key, key=self._keys.__getitem__)
+            except KeyError:  # a node placed without the methods: renumber below
+                i = -1
+            if 0 <= i < len(self._nodes) and self._nodes[i] is node:
+                return i
+        self._renumber()
+        return self._nodes.index(node)
+
+    def _place(self, index: int) -> None:
+        """Give the node at `index` a key between its neighbours' (renumber when none fits)."""
+        nodes, keys = self._nodes, self._keys
+        prev = keys.get(nodes[index - 1]) if index > 0 else None
+        after = keys.get(nodes[index + 1]) if index + 1 < len(nodes) else None
+        if (index > 0 and prev is None) or (index + 1 < len(nodes) and after is None):
+            self._renumber()
+            return
+        if prev is None:
+            key = 0.0 if after is None else after - _GAP
+        elif after is None:
+            key = prev + _GAP
+        else:
+            key = (prev + after) / 2
+            if not prev < key < after:  # the gap is used up: space every key out again
+                self._renumber()
+                return
+        keys[nodes[index]] = key
+
+    def _renumber(self) -> None:
+        self._keys = {node: i * _GAP for i, node in enumerate(self._nodes)}
+
     # -- queries ------------------------------------------------------------------------------
-    def users(self) -> dict[Value, list[Node]]:
-        """Map from each value to the nodes that read it (graph outputs are not nodes)."""
-        table: dict[Value, list[Node]] = {}
-        for node in self.nodes:
-            for value in node.inputs:
-                if value is not None:
-                    table.setdefault(value, []).append(node)
-        return table
+    def users(self) -> Mapping[Value, list[Node]]:
+        """Map from each value to the nodes that read it, in graph order, once per operand
+        (graph outputs are not nodes); values nothing reads are not keys. A view over the
+        use-lists: building it costs nothing, each lookup sorts that value's readers."""
+        return _Users(self)
 
     def values(self) -> Iterable[Value]:
         yield from self.inputs
@@ -167,16 +247,65 @@ class Graph:
         return cached(self, name, options)
 
     # -- mutation -----------------------------------------------------------------------------
-    def replace_uses(self, old: Value, new: Value) -> None:
-        """Point every reader of `old` (nodes and graph outputs) at `new`."""
-        for node in self.nodes:
-            node.inputs = [new if v is old else v for v in node.inputs]
-        self.outputs = [new if v is old else v for v in self.outputs]
+    def set_input(self, node: Node, index: int, value: Value | None) -> None:
+        """Make operand `index` of `node` read `value` (None: an absent optional operand)."""
+        old = node.inputs[index]
+        if old is value:
+            return
+        if old is not None:
+            old._uses.pop((node, index), None)
+        node.inputs[index] = value
+        if value is not None:
+            value._uses[(node, index)] = None
         self.version += 1
 
+    def replace_uses(self, old: Value, new: Value) -> None:
+        """Point every reader of `old` (nodes and graph outputs) at `new`."""
+        if old is new:
+            return
+        for node, index in list(old._uses):
+            self.set_input(node, index, new)
+        if any(v is old for v in self.outputs):
+            self.outputs = [new if v is old else v for v in self.outputs]
+            self.version += 1
+
     def remove_nodes(self, doomed: Iterable[Node]) -> None:
-        doomed_ids = {id(n) for n in doomed}
-        self.nodes = [n for n in self.nodes if id(n) not in doomed_ids]
+        """Take nodes out (their reads with them); nodes not in the graph are ignored."""
+        doomed = list(dict.fromkeys(doomed))
+        if len(doomed) > 16 and len(doomed) * 8 > len(self._nodes):
+            gone = set(doomed)
+            self.set_nodes([n for n in self._nodes if n not in gone])
+            return
+        for node in doomed:
+            try:
+                index = self.index(node)
+            except ValueError:
+                continue
+            del self._nodes[index]
+            del self._keys[node]
+            for i, value in enumerate(node.inputs):
+                if value is not None:
+                    value._uses.pop((node, i), None)
+            self.version += 1
+
+    def set_nodes(self, nodes: Iterable[Node]) -> None:
+        """Replace the node list: a new order, with nodes dropped (their reads go) or added
+        (their reads are recorded). One pass over the graph, for passes that rebuild the whole
+        order anyway (dead code, CSE, scheduling)."""
+        nodes = list(nodes)
+        old, new = set(self._nodes), set(nodes)
+        for node in self._nodes:
+            if node not in new:
+                for i, value in enumerate(node.inputs):
+                    if value is not None:
+                        value._uses.pop((node, i), None)
+        for node in nodes:
+            if node not in old:
+                for i, value in enumerate(node.inputs):
+                    if value is not None:
+                        value._uses[(node, i)] = None
+        self._nodes = nodes
+        self._renumber()
         self.version += 1
 
     def remove_unused_weights(self) -> bool:
@@ -192,3 +321,35 @@ class Graph:
     def __repr__(self) -> str:
         return f"Graph({self.name}: {len(self.inputs)} inputs, {len(self.weights)} weights, " \
                f"{len(self.nodes)} nodes, {len(self.outputs)} outputs)"
+
+
+class _Users(Mapping):
+    """`Graph.users()`: value -> its reading nodes in graph order, read from the use-lists."""
+
+    def __init__(self, graph: Graph):
+        self._graph = graph
+
+    def __getitem__(self, value: Value) -> list[Node]:
+        found = []
+        for node, index in value._uses:
+            try:
+                found.append((self._graph.index(node), index, node))
+            except ValueError:  # a reader in another graph
+                continue
+        if not found:
+            raise KeyError(value)
+        found.sort(key=lambda use: use[:2])
+        return [node for _, _, node in found]
+
+    def __iter__(self):
+        return (value for value in self._graph.values() if value in self)
+
+    def __contains__(self, value: object) -> bool:
+        try:
+            self[value]
+        except (KeyError, AttributeError):
+            return False
+        return True
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)

@@ -201,7 +201,7 @@ class _Builder:
         outputs = [self.define(r.children[0], t, r.meta)
                    for r, t in zip(results.children, declared)]
         where = string(loc.children[0], self.source) if loc is not None else None
-        self.graph.nodes.append(Node(str(op_tok), inputs, attr_values, outputs, where))
+        self.graph.insert_node(Node(str(op_tok), inputs, attr_values, outputs, where))
 
 
 def rule_failure(opdef, inputs, exc: Exception) -> tuple[str, str]:

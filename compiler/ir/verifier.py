@@ -2,7 +2,9 @@
 
 Invariants: every op is known and gets the right operands and attributes; every value is defined
 once, before its uses (nodes are in a topological order); no use refers to a value outside the
-graph; declared result types equal what the op's shape rule gives; every size symbol is declared.
+graph; declared result types equal what the op's shape rule gives; every size symbol is declared;
+every value's use-list names exactly the operands that read it (a pass that changes `node.inputs`
+or the node list behind the graph's back leaves them stale, and later rewrites would go wrong).
 """
 
 from __future__ import annotations
@@ -63,6 +65,29 @@ def verify(graph: Graph) -> None:
             _fail(graph, None, f"graph output {index} is missing (None)")
         if id(value) not in defined:
             _fail(graph, None, f"graph output {value.name} is not defined in the graph")
+    _check_uses(graph)
+
+
+_USE_FIX = "change operands and nodes through the Graph methods (set_input, replace_uses, " \
+    "add_node, remove_nodes, set_nodes), never node.inputs or graph.nodes directly"
+
+
+def _check_uses(graph: Graph) -> None:
+    """Every operand is in its value's use-list, and every listed use is a live operand."""
+    members = set(graph.nodes)
+    for node in graph.nodes:
+        for index, value in enumerate(node.inputs):
+            if value is not None and (node, index) not in value._uses:
+                _fail(graph, node, f"the use-list of %{value.name} misses operand {index} of "
+                      "this node", _USE_FIX)
+    for value in graph.values():
+        for node, index in value._uses:
+            if node not in members:
+                _fail(graph, None, f"the use-list of %{value.name} names a node that is not in "
+                      f"the graph ({node!r})", _USE_FIX)
+            if index >= len(node.inputs) or node.inputs[index] is not value:
+                _fail(graph, node, f"the use-list of %{value.name} names operand {index} of "
+                      "this node, which reads something else", _USE_FIX)
 
 
 def _check_symbols(graph: Graph, node, shape) -> None:

@@ -5,7 +5,7 @@ spread layouts over the mesh inside one global graph; `partition` then cuts that
 pipeline stages and gives every rank its own local graph and weight shards (docs/parallel.md).
 """
 
-from . import propagate, shard_data_parallel, shard_tensor_parallel  # noqa: F401  (registers)
+from . import propagate_sharding, shard_data_parallel, shard_tensor_parallel  # noqa: F401  (registers)
 from .layout import REPLICATED, Layout
 from .mesh import Mesh
 from .partition import ParallelPlan, RankProgram, partition

@@ -183,7 +183,9 @@ def cut(local: Local, graph: Graph, stages: list[Stage], moves: list[Transfer], 
         recvs.append(node)
         received[id(lv)] = node.output
     for node in mine:
-        node.inputs = [received.get(id(v), v) if v is not None else None for v in node.inputs]
+        for i, v in enumerate(node.inputs):
+            if v is not None and id(v) in received:
+                g.set_input(node, i, received[id(v)])
     sends = []
     for move in sorted((m for m in moves if m.src == stage), key=lambda m: (m.dst, m.tag)):
         lv = local.env[id(move.value)]

@@ -37,9 +37,9 @@ def place(graph: Graph, dp: int) -> bool:
             continue
         seed = graph.add_node("shard", [value], {"layout": "dp:S0"}, loc=readers[0].loc,
                               names=[f"{value.name}.dp"], before=readers[0])
-        for reader in readers:
+        for reader, i in list(value.uses):
             if reader is not seed:
-                reader.inputs = [seed.output if v is value else v for v in reader.inputs]
+                graph.set_input(reader, i, seed.output)
         placed = True
     return placed
 

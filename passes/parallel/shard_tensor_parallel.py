@@ -28,7 +28,7 @@ from passes.base import Pass, PassResult
 from passes.registry import register_pass
 
 from .layout import Layout, divisible
-from .propagate import _Memo, infer_layouts
+from .propagate_sharding import _Memo, infer_layouts
 from .rules_view import reshape_blocks
 
 KEY = "parallel.tensor_parallel"
@@ -60,19 +60,19 @@ def _seed(graph: Graph, node: Node, index: int, layout: Layout) -> tuple:
     for other in graph.nodes:
         if other.op == "shard" and other.inputs[0] is value and \
                 other.attrs["layout"] == str(layout):
-            node.inputs[index] = other.output
+            graph.set_input(node, index, other.output)
             return node, index, value, None
     first = next(n for n in graph.nodes if value in n.inputs)
     seed = graph.add_node("shard", [value], {"layout": str(layout)}, loc=first.loc,
                           names=[f"{value.name}.tp"], before=first)
-    node.inputs[index] = seed.output
+    graph.set_input(node, index, seed.output)
     return node, index, value, seed
 
 
 def _unseed(graph: Graph, record: tuple) -> None:
     node, index, value, seed = record
-    node.inputs[index] = value
-    if seed is not None and not any(seed.output in n.inputs for n in graph.nodes):
+    graph.set_input(node, index, value)
+    if seed is not None and not seed.output.uses:
         graph.remove_nodes([seed])
 
 
@@ -80,13 +80,13 @@ def _split_bias(graph: Graph, node: Node) -> None:
     """linear(x, w, b) -> add(linear(x, w), b): a row-parallel bias is added once, after the
     partial sums are reduced, not once per rank."""
     bias, out = node.inputs[2], node.output
-    node.inputs[2] = None
-    anchor = graph.nodes.index(node) + 1
+    graph.set_input(node, 2, None)
+    anchor = graph.index(node) + 1
     add = graph.add_node("add", [out, bias], loc=node.loc, names=[f"{out.name}.bias"],
                          before=graph.nodes[anchor] if anchor < len(graph.nodes) else None)
-    for user in graph.nodes:
+    for user, i in list(out.uses):
         if user is not add:
-            user.inputs = [add.output if v is out else v for v in user.inputs]
+            graph.set_input(user, i, add.output)
     graph.outputs = [add.output if v is out else v for v in graph.outputs]
 
 

@@ -60,8 +60,10 @@ class Rule:
 
     def match(self, graph: Graph, node: Node,
               users: Mapping[Value, list[Node]] | None = None) -> MatchResult:
-        """The first structural match at `node` that passes every check; else the reason."""
-        users = graph.users() if users is None else users
+        """The first structural match at `node` that passes every check; else the reason.
+
+        Readers come from the values' use-lists unless `users` (a `Graph.users()` table) is
+        given."""
         failure = MatchResult.fail(f"no {self.name} pattern at {describe(node.outputs[0], graph)}")
         for found in match_pattern(graph, self.pattern, node):
             if not found:
@@ -73,7 +75,7 @@ class Rule:
         return failure
 
     def _escape(self, graph: Graph, found: MatchResult,
-                users: Mapping[Value, list[Node]]) -> str | None:
+                users: Mapping[Value, list[Node]] | None) -> str | None:
         replaced = self.replaced_nodes(found)
         inside = {id(n) for n in found.nodes}
         returned = {id(v) for v in graph.outputs}
@@ -83,12 +85,12 @@ class Rule:
             for out in node.outputs:
                 if id(out) in returned:
                     return f"{describe(out, graph)} is a graph output and would be computed twice"
-                for user in users.get(out, []):
+                for user in out.users if users is None else users.get(out, []):
                     if id(user) not in inside:
                         return (f"{describe(out, graph)} is also read by "
                                 f"{describe(user.outputs[0], graph)} "
                                 "outside the pattern, so it would be computed twice")
-        return _depends_on_replaced(found, replaced)
+        return _depends_on_replaced(graph, found, replaced)
 
     def replaced_nodes(self, found: MatchResult) -> set[int]:
         replaced = {id(found.anchor)}
@@ -109,12 +111,16 @@ class Rule:
         return str(verdict) if verdict is not False else f"{self.name}: check failed"
 
 
-def _depends_on_replaced(found: MatchResult, replaced: set[int]) -> str | None:
-    """A bound operand computed from a replaced value would make the fused node its own input."""
+def _depends_on_replaced(graph: Graph, found: MatchResult, replaced: set[int]) -> str | None:
+    """A bound operand computed from a replaced value would make the fused node its own input.
+
+    Nodes are in topological order, so only nodes after the earliest replaced one can be
+    computed from it: the walk stops there instead of reaching back to the graph's inputs."""
     if len(replaced) == 1:
         return None
     outputs = {id(v) for n in found.nodes if id(n) in replaced for v in n.outputs}
     matched = {id(n) for n in found.nodes}
+    earliest = min(graph.index(n) for n in found.nodes if id(n) in replaced)
     for name, value in found.bindings.items():
         if not isinstance(value, Value) or id(value.producer) in matched:
             continue  # a value inside the match, not an operand of it
@@ -123,7 +129,8 @@ def _depends_on_replaced(found: MatchResult, replaced: set[int]) -> str | None:
             v = stack.pop()
             if id(v) in outputs:
                 return f"operand '{name}' is computed from a value the rewrite replaces"
-            if v.producer is None or id(v) in seen or id(v.producer) in matched:
+            if v.producer is None or id(v) in seen or id(v.producer) in matched \
+                    or graph.index(v.producer) < earliest:
                 continue
             seen.add(id(v))
             stack.extend(i for i in v.producer.inputs if i is not None)

@@ -246,3 +246,27 @@ def test_message_has_what_where_and_fix_lines():
     assert lines[0].startswith("operand h")
     assert lines[1].startswith("  where: node `%r")
     assert lines[2].startswith("  fix: ")
+
+
+def test_an_operand_changed_behind_the_graphs_back_breaks_the_use_lists():
+    g, add, red = _graph()
+    red.inputs[0] = g.inputs[0]  # not through Graph.set_input: x's use-list misses it
+    err = _error(g)
+    assert "the use-list of %x misses operand 0 of this node" in err.what
+    _assert_names_node(err, "%r: f32[s0] = sum(%x)", LOC + "+1")
+    assert "set_input" in err.fix
+
+
+def test_a_stale_use_is_reported():
+    g, add, red = _graph()
+    g.set_input(red, 0, add.output)  # no change: still consistent
+    verify(g)
+    add.output._uses[(red, 5)] = None
+    assert "names operand 5 of this node, which reads something else" in _error(g).what
+
+
+def test_a_use_by_a_node_outside_the_graph_is_reported():
+    g, add, red = _graph()
+    other = Graph("other")
+    other.add_node("neg", [add.output])  # another graph reading this graph's value
+    assert "names a node that is not in the graph" in _error(g).what

@@ -9,7 +9,7 @@ import passes.plan_memory as plan_memory
 from compiler.ir import parse_ir, print_ir
 from passes import PassManager, parse_pipeline
 from passes.memory import MemoryPlan
-from passes.parallel.propagate import infer_layouts
+from passes.parallel.propagate_sharding import infer_layouts
 from passes.plan_memory import memory_plan_for
 from tests.passes.test_parallel_propagate import PROPAGATED, SEEDED
 from tests.passes.test_recognize_causal_masks import ARANGE, attention

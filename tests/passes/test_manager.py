@@ -262,3 +262,28 @@ def test_invalid_input_is_reported_before_any_pass():
     graph.nodes = graph.nodes[1:]
     with pytest.raises(VerificationError, match="invalid before any pass"):
         PassManager(CLEANUP).run(graph)
+
+
+@dataclass(frozen=True)
+class _BehindTheBack(Pass):
+    """Test pass that rewires an operand without the graph's methods (a stale use-list)."""
+
+    name: ClassVar[str] = "test_behind_the_back"
+    summary: ClassVar[str] = "assign node.inputs directly"
+
+    def run(self, graph):
+        add = next(n for n in graph.nodes if n.op == "add")
+        add.inputs[1] = add.inputs[0]
+        return PassResult(graph, True)
+
+
+def test_a_pass_that_bypasses_the_graph_methods_is_caught(tmp_path):
+    register_pass(_BehindTheBack)
+    try:
+        with pytest.raises(VerificationError) as info:
+            PassManager("test_behind_the_back", dump_dir=tmp_path).run(graph_with_data())
+    finally:
+        unregister_pass(_BehindTheBack.name)
+    message = str(info.value)
+    assert "pass 'test_behind_the_back' produced an invalid graph" in message
+    assert "the use-list of %y1 misses operand 1" in message

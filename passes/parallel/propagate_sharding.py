@@ -141,7 +141,7 @@ def apply_layouts(graph: Graph, sizes: Mapping[str, int]) -> bool:
                 converted[key] = emit_conversion(graph, value, plan_conversion(src, dst), node,
                                                  node.loc)
                 layouts[converted[key]] = dst
-            node.inputs[i] = converted[key]
+            graph.set_input(node, i, converted[key])
         return decision.out
 
     forward(list(graph.nodes), step, _replicated, layouts)
@@ -179,12 +179,13 @@ def _annotate(graph: Graph, layouts: dict[Value, Layout]) -> bool:
             if layout.replicated or (readers and all(
                     r.op == "shard" and r.attrs["layout"] == str(layout) for r in readers)):
                 continue
-            index = graph.nodes.index(node) + 1
+            index = graph.index(node) + 1
             anchor = graph.nodes[index] if index < len(graph.nodes) else None
             note = graph.add_node("shard", [value], {"layout": str(layout)}, loc=node.loc,
                                   names=[f"{value.name}.shard"], before=anchor)
-            for reader in readers:
-                reader.inputs = [note.output if v is value else v for v in reader.inputs]
+            for reader, i in list(value.uses):
+                if reader is not note:
+                    graph.set_input(reader, i, note.output)
             changed = True
     return changed
 
