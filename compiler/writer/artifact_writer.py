@@ -28,6 +28,7 @@ import backends
 from backends import Backend
 from compiler.errors import DayzeroError
 from compiler.ir import Graph, print_ir, symbolic
+from compiler.ir.collector import collection_paused
 from runtime.artifact import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -82,7 +83,7 @@ def write_artifact(out: str | Path, graph: Graph, backend: Backend | str, *,
     tmp = out.with_name(f".{out.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
     tmp.mkdir()  # not tempfile.mkdtemp: the artifact keeps the user's umask, not mode 0700
     try:
-        with removed_on_sigterm(tmp):
+        with removed_on_sigterm(tmp), collection_paused():  # lowering builds a second graph
             _write_into(tmp, out, graph, target, options, extra, force, progress, shard_bytes,
                         ranks)
     except BaseException:
