@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import html
 import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+
+from runtime.atomic_files import write_atomically
 
 from ..errors import DayzeroError
 
@@ -57,14 +58,8 @@ def write_page(path: str | os.PathLike, content: str, option: str = "--html") ->
     """Write atomically (a reader never sees half a page); a failed write names the path."""
     path = Path(path)
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(content)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomically(path, lambda f: f.write(content.encode("utf-8")),
+                         prefix=f".{path.name}.")
     except OSError as exc:
         raise DayzeroError(f"cannot write the report: {exc.strerror or exc}", str(path),
                            f"give {option} a file in a folder you can write") from None
