@@ -42,12 +42,12 @@ def bench_sizes(model, args, fixed: dict[str, int], bench) -> list:
     from .run import _generated_inputs, _resolve_sizes
 
     name, sizes = parse_sizes(args.sizes, model)
-    results = []
+    rows = []
     for size in sizes:
         inputs = _generated_inputs(model, _resolve_sizes(model, {**fixed, name: size}))
-        result = bench(model, inputs, args.warmup, args.runs, str(args.artifact))
-        results.append((size, result))
-    return [(name, size, result) for size, result in results]
+        rows.append((name, size, bench(model, inputs, args.warmup, args.runs,
+                                       str(args.artifact))))
+    return rows
 
 
 def describe(rows: list) -> str:

@@ -174,8 +174,8 @@ def test_qwen3_per_head_norms_fuse_into_the_attention_block(tmp_path):
     model = _Logits(Qwen3ForCausalLM(config).eval())
     ids = torch.randint(0, 256, (1, 8))
     seq = torch.export.Dim("seq", min=2, max=64)
-    graph = PassManager(DEFAULT_PIPELINE).run(compiler.export(model, (ids,), ({1: seq},)))
-    graph = PassManager("fuse").run(graph)
+    graph = PassManager(DEFAULT_PIPELINE + ",fuse").run(
+        compiler.export(model, (ids,), ({1: seq},)))
     attention = [n for n in graph.nodes if n.op == "multi_head_attention"]
     assert len(attention) == 2 and all(n.inputs[3] is not None for n in attention)  # rotary
     assert not [n for n in graph.nodes if n.op in ("permute", "rotary_embedding")]
