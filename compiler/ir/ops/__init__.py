@@ -7,6 +7,7 @@ from . import (  # noqa: F401
     fused,
     multi_head,
     nn,
+    paged,
     quantized,
     reduction,
     resize,
