@@ -43,7 +43,18 @@ def _pass_list(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(v, str) and v for v in value)
 
 
+def _size(value: Any) -> bool:
+    from runtime.generation.spec import parse_bytes
+
+    try:
+        parse_bytes(value, "size")
+    except DayzeroError:
+        return False
+    return True
+
+
 _positive_int.__doc__ = "a positive integer"
+_size.__doc__ = "a size such as 2GiB, 512MiB or a number of bytes"
 _pass_list.__doc__ = "a list of pass names (strings)"
 
 # section -> key -> (check, default)
@@ -62,6 +73,13 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], bool], Any]]] = {
         "weights": (_one_of(None, "int8", "int4"), None),
         "group_size": (_positive_int, 128),
     },
+    # generation artifacts (task text-generation): the runtime's paged KV cache and step sizes
+    "generation": {
+        "kv_cache_memory": (_size, "2GiB"),
+        "block_size": (_positive_int, 16),
+        "prefill_chunk": (_positive_int, 512),
+        "max_batch_tokens": (_positive_int, 2048),
+    },
 }
 _TOP_LEVEL = set(SCHEMA) | {"passes", "backend_options"}
 
@@ -74,6 +92,7 @@ class CompileConfig:
     passes: list[str] | None = None
     source: str = "<config>"
     backend_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    generation: dict[str, Any] = field(default_factory=dict)
 
     def section(self, name: str) -> dict[str, Any]:
         return getattr(self, name)
@@ -141,7 +160,8 @@ def _complete(data: Any, source: str) -> CompileConfig:
         raise DayzeroError(f"config key 'passes' has impossible value {passes!r}", source,
                            f"use {_pass_list.__doc__}")
     return CompileConfig(sections["parallel"], sections["precision"], sections["quantize"],
-                         passes, source, _backend_options(data.get("backend_options"), source))
+                         passes, source, _backend_options(data.get("backend_options"), source),
+                         sections["generation"])
 
 
 def _backend_options(data: Any, source: str) -> dict[str, dict[str, Any]]:

@@ -19,7 +19,7 @@ def compile(model, example_inputs: tuple, out: str | Path = "model.dz",
             dump_ir: str | Path | None = None, force: bool = False,
             log: StageLog | None = None, checkpoint: Any = None,
             fallback: str | None = None, report: Callable[[str], None] | None = None,
-            backend_options: Mapping[str, Any] | None = None) -> Path:
+            backend_options: Mapping[str, Any] | None = None, task: str = "forward") -> Path:
     """Compile `model` into an artifact directory at `out` and return its path.
 
     `passes` (a pipeline string) overrides the config's `passes:`; `dump_ir` writes the IR after
@@ -30,12 +30,23 @@ def compile(model, example_inputs: tuple, out: str | Path = "model.dz",
     accept a `fallback` option, as triton does: it partitions by capabilities).
     `report` receives the fusion report (op counts before and after, patterns that fired).
     `backend_options` ({backend name: options}) is merged over the config's `backend_options:`.
+    `task="text-generation"` compiles a causal LM (input_ids -> logits) into a generation
+    artifact: a KV-cached step over a paged cache (compiler/generation.py).
     """
     from .frontend import export
+    from .generation import check_task, eos_token_ids, generation_inputs
 
     log = log or SILENT
+    check_task(task)
     cfg = load_config(config).with_backend_options(backend_options)
     _refuse_unimplemented(cfg)
+    eos = None
+    if task == "text-generation":
+        if _world_size(cfg) > 1:
+            raise DayzeroError("a partitioned generation artifact is not supported yet",
+                               "parallel", "compile for generation on one device")
+        example_inputs, dynamic_shapes = generation_inputs(example_inputs, dynamic_shapes)
+        eos = eos_token_ids(model)
     target = _backend(backend)
     out = Path(out)
     _check_destinations(out, force, dump_ir)  # before the minutes of export and passes
@@ -49,12 +60,12 @@ def compile(model, example_inputs: tuple, out: str | Path = "model.dz",
     if checkpoint is None:
         return lower_and_write(graph, out, target, cfg, passes=passes, dump_ir=dump_ir,
                                force=force, log=log, fallback=fallback, report=report,
-                               aliases=aliases)
+                               aliases=aliases, eos_token_ids=eos)
     graph = checkpoint.bind(graph, log)
     with checkpoint.streaming(log) as progress:
         return lower_and_write(graph, out, target, cfg, passes=passes, dump_ir=dump_ir,
                                force=force, log=log, progress=progress, fallback=fallback,
-                               report=report, aliases=aliases)
+                               report=report, aliases=aliases, eos_token_ids=eos)
 
 
 def symbol_aliases(graph: Graph, dynamic_shapes: Any) -> dict[str, str]:
@@ -97,8 +108,12 @@ def lower_and_write(graph: Graph, out: Path, target, cfg: CompileConfig, *,
                     passes: str | None, dump_ir, force: bool, log: StageLog,
                     progress: Any = None, fallback: str | None = None,
                     report: Callable[[str], None] | None = None,
-                    aliases: Mapping[str, str] | None = None) -> Path:
+                    aliases: Mapping[str, str] | None = None,
+                    eos_token_ids: list[int] | None = None) -> Path:
     """Run the pipeline on an exported graph and write the artifact for `target`.
+
+    `eos_token_ids` (a list, maybe empty) makes it a generation artifact: the pipeline ends
+    with `derive_generation_step` and the manifest gets its `generation` section.
 
     `progress` (total weight bytes -> callback or None) replaces the plain progress bar.
     `aliases` (Dim name -> size symbol, see `symbol_aliases`) go into the manifest.
@@ -111,6 +126,15 @@ def lower_and_write(graph: Graph, out: Path, target, cfg: CompileConfig, *,
 
     pipeline = parse_pipeline(passes or _default_pipeline(cfg, target, DEFAULT_PIPELINE))
     pipeline = _with_quantization(_with_precision(pipeline, cfg), cfg)
+    forward = None
+    if eos_token_ids is not None:
+        from compiler.writer import value_spec
+        from passes import get_pass
+
+        from .generation import forward_signature
+
+        forward = forward_signature(graph, value_spec)
+        pipeline = [*pipeline, get_pass("derive_generation_step")()]
     manager = PassManager(pipeline, dump_dir=dump_ir, log=log.line)
     before = op_counts(graph)  # passes change the graph in place
     with log.stage("passes", format_pipeline(pipeline)):
@@ -136,6 +160,10 @@ def lower_and_write(graph: Graph, out: Path, target, cfg: CompileConfig, *,
                         "quantize": cfg.quantize}}
     if aliases:
         extra["symbol_aliases"] = dict(aliases)
+    if forward is not None:
+        from .generation import generation_section
+
+        extra["generation"] = generation_section(graph, forward, cfg, eos_token_ids)
     memory_plan = memory_plan_for(pipeline, graph)  # the final graph's plan, if one is asked for
     if memory_plan is not None:
         extra["memory_plan"] = memory_plan

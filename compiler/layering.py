@@ -80,7 +80,8 @@ FLOORS: tuple[Floor, ...] = (
     )),
     Floor("passes", (
         Layer("registered passes", (
-            "passes.decompose_fused", "passes.eliminate_common_subexpressions",
+            "passes.decompose_fused", "passes.derive_generation_step",
+            "passes.eliminate_common_subexpressions",
             "passes.eliminate_dead_code", "passes.fold_constants", "passes.fuse",
             "passes.fuse_groups", "passes.plan_memory", "passes.precision",
             "passes.quantize_weights", "passes.recognize_causal_masks", "passes.remove_noops",
@@ -112,11 +113,11 @@ FLOORS: tuple[Floor, ...] = (
               "lowers through a backend and writes the artifact atomically"),
     )),
     Floor("configuration", (
-        Layer("config", ("compiler.config",), ("backend interface",),
+        Layer("config", ("compiler.config",), ("backend interface", "runtime"),
               "the YAML config, checked"),
     )),
     Floor("driver", (
-        Layer("driver", ("compiler.driver",),
+        Layer("driver", ("compiler.driver", "compiler.generation"),
               ("config", "frontend", "pass catalogue", "artifact writer"),
               "compile(): export -> passes -> lower -> write"),
     )),

@@ -6,6 +6,7 @@ pass is one new module holding a `Pass` subclass, plus its import line here.
 
 from . import (  # noqa: F401  (imported to register the built-in passes)
     decompose_fused,
+    derive_generation_step,
     eliminate_common_subexpressions,
     eliminate_dead_code,
     fold_constants,

@@ -240,7 +240,7 @@ def _depth(value: Any) -> int:
 
 _KEY_TYPES = {"backend": str, "inputs": list, "outputs": list, "symbols": dict, "files": dict,
               "parallel": dict, "graph": str}
-_OPTIONAL_KEY_TYPES = {"backend_options": dict, "memory_plan": dict}
+_OPTIONAL_KEY_TYPES = {"backend_options": dict, "memory_plan": dict, "generation": dict}
 
 
 def _check_keys(manifest: dict[str, Any], path: Path) -> None:

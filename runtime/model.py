@@ -104,7 +104,8 @@ class _CheckedView:
 
 
 def load(path: str | Path, verify: str = "full", *,
-         session: Mapping[str, Any] | None = None, timeout: float | None = None):
+         session: Mapping[str, Any] | None = None, timeout: float | None = None,
+         kv_cache_memory: int | str | None = None):
     """Open, verify and load the artifact at `path`; runs no code stored in it.
 
     `verify="size"` skips hashing the weight files (their sizes and headers are still checked).
@@ -116,6 +117,8 @@ def load(path: str | Path, verify: str = "full", *,
     `timeout` is then the seconds a collective waits for its peers (default 300), also inside
     torchrun: it reaches the process group's initialisation. A single-rank artifact has no
     collectives and ignores it.
+    A generation artifact gives a `runtime.generation.GenerationModel` (`generate`, `stream`,
+    `generate_text`); `kv_cache_memory` (bytes or "2GiB") overrides its compiled cache size.
     """
     from .distributed import load_partitioned, partitioned_world
 
@@ -125,7 +128,14 @@ def load(path: str | Path, verify: str = "full", *,
                                "artifact yet", str(path),
                                "compile with backend_options session settings instead")
         return load_partitioned(path, verify=verify, timeout=timeout)
-    return CompiledModel(open_artifact(path, verify=verify), session=session)
+    model = CompiledModel(open_artifact(path, verify=verify), session=session)
+    if model.manifest.get("generation") is None:
+        return model
+    from .generation.model import GenerationModel
+    from .generation.spec import parse_bytes
+
+    memory = None if kv_cache_memory is None else parse_bytes(kv_cache_memory, "kv_cache_memory")
+    return GenerationModel(model, kv_cache_memory=memory)
 
 
 def _load_executable(backend: backends.Backend, artifact: Artifact,

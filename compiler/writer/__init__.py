@@ -9,8 +9,9 @@ from .artifact_writer import (
     check_destination,
     removed_on_sigterm,
     sweep_stale_temps,
+    value_spec,
     write_artifact,
 )
 
 __all__ = ["STALE_SECONDS", "check_destination", "removed_on_sigterm", "sweep_stale_temps",
-           "write_artifact"]
+           "value_spec", "write_artifact"]

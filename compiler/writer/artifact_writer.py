@@ -183,8 +183,8 @@ def _manifest(graph: Graph, backend: str, options: dict[str, Any], extra: dict[s
         "backend": backend,
         "backend_options": options,
         "graph": GRAPH,
-        "inputs": [_spec(v) for v in graph.inputs],
-        "outputs": [_spec(v) for v in graph.outputs],
+        "inputs": [value_spec(v) for v in graph.inputs],
+        "outputs": [value_spec(v) for v in graph.outputs],
         "symbols": {name: [lo, hi] for name, (lo, hi) in graph.symbols.items()},
         "index_inputs": index_inputs_json(graph),
         "parallel": parallel,
@@ -194,7 +194,8 @@ def _manifest(graph: Graph, backend: str, options: dict[str, Any], extra: dict[s
     }
 
 
-def _spec(value) -> dict[str, Any]:
+def value_spec(value) -> dict[str, Any]:
+    """A graph input or output as the manifest lists it: name, dtype, shape with symbols."""
     shape = [d if isinstance(d, int) else symbolic.dim_str(d) for d in value.type.shape]
     return {"name": value.name, "dtype": value.type.dtype.value, "shape": shape}
 

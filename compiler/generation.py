@@ -1,0 +1,86 @@
+"""Compiling for text generation: the example inputs a step is derived from, and the manifest
+section the runtime drives it with.
+
+`compile(..., task="text-generation")` exports the causal LM's forward for one prompt (batch 1,
+dynamic sequence), runs the backend's pipeline, then `derive_generation_step`
+(passes/derive_generation_step.py) turns it into a packed, KV-cached step. The manifest's
+`generation` section records the exported forward's signature (so the artifact still answers
+`m(input_ids)`), each layer's cache geometry read from the step's `paged_attention` nodes, the
+vocabulary, the longest sequence, the end-of-sequence ids and the `generation:` config.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runtime.generation.spec import GenerationSpec, LayerCache, parse_bytes
+
+from .config import CompileConfig
+from .errors import DayzeroError
+from .ir import Graph
+
+TASKS = ("forward", "text-generation")
+
+
+def check_task(task: str) -> None:
+    if task not in TASKS:
+        raise DayzeroError(f"unknown task {task!r}", "task", f"use one of {', '.join(TASKS)}")
+
+
+def generation_inputs(example_inputs: tuple, dynamic_shapes: Any) -> tuple[tuple, Any]:
+    """The example inputs cut to one prompt (a step's batch axis is its tokens): the first row
+    of `input_ids`, with the sequence dim kept dynamic."""
+    if not example_inputs or getattr(example_inputs[0], "dim", lambda: 0)() != 2:
+        raise DayzeroError("a text-generation model takes input_ids [batch, seq] first",
+                           "example inputs", "give (input_ids,) as the example inputs")
+    ids = example_inputs[0][:1]
+    if dynamic_shapes is None or not isinstance(dynamic_shapes, (tuple, list)) \
+            or not isinstance(dynamic_shapes[0], dict) or 1 not in dynamic_shapes[0]:
+        raise DayzeroError("a text-generation model needs a dynamic sequence dim on input_ids",
+                           "dynamic_shapes",
+                           "pass dynamic_shapes=({1: torch.export.Dim('seq', max=...)},)")
+    dims = dict(dynamic_shapes[0])
+    dims.pop(0, None)  # batch 1: the step packs sequences along the token axis
+    return (ids, *example_inputs[1:]), (dims, *dynamic_shapes[1:])
+
+
+def forward_signature(graph: Graph, spec) -> dict[str, Any]:
+    """The exported forward's inputs and outputs, as the manifest lists a graph's."""
+    return {"inputs": [spec(v) for v in graph.inputs], "outputs": [spec(v) for v in graph.outputs]}
+
+
+def generation_section(graph: Graph, forward: dict[str, Any], cfg: CompileConfig,
+                       eos_token_ids: list[int]) -> dict[str, Any]:
+    layers = [LayerCache(n.attrs["kv_num_heads"], n.outputs[1].shape[-1],
+                         n.outputs[2].shape[-1], n.attrs["window"])
+              for n in graph.nodes if n.op == "paged_attention"]
+    tokens = graph.inputs[0].shape[1]
+    vocab = graph.outputs[0].shape[-1]
+    if not isinstance(vocab, int):
+        raise DayzeroError(f"the logits' vocabulary dim {vocab} is not static",
+                           "task text-generation", "export with a fixed vocabulary")
+    settings = cfg.generation
+    spec = GenerationSpec(
+        tuple(layers), vocab, graph.symbols[str(tokens)][1], tuple(eos_token_ids),
+        parse_bytes(settings["kv_cache_memory"], "generation.kv_cache_memory"),
+        settings["block_size"], settings["prefill_chunk"], settings["max_batch_tokens"],
+        {"fp32": "f32", "fp16": "f16"}.get(cfg.precision.get("kv_cache_dtype"), "f32"))
+    return {**spec.to_manifest(), "forward": forward}
+
+
+def eos_token_ids(model: Any) -> list[int]:
+    """The end-of-sequence ids a transformers model (or a wrapper holding one) declares."""
+    seen, stack = set(), [model]
+    while stack:
+        module = stack.pop()
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        for owner in (getattr(module, "generation_config", None), getattr(module, "config", None)):
+            ids = getattr(owner, "eos_token_id", None)
+            if ids is not None:
+                return [int(i) for i in (ids if isinstance(ids, (list, tuple)) else [ids])]
+        children = getattr(module, "children", None)
+        if callable(children) and len(seen) < 64:
+            stack.extend(list(children())[:8])
+    return []

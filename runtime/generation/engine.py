@@ -1,0 +1,67 @@
+"""StepRunner: runs a generation artifact's step graph over a paged KV cache.
+
+It owns the pool (`runtime.kv_cache.PagedKVCache`, sized once from `generation.kv_cache_memory`)
+and its books (`BlockAllocator`), feeds each layer's pool to the step as a [slots, kv_heads,
+head_size] view (no copy), and after each step writes the new keys and values the step returns
+into the slots of their tokens. What to run in a step is the scheduler's business.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from compiler.errors import ArtifactError
+
+from ..kv_cache import BlockAllocator, CacheLayout, PagedKVCache
+from .spec import GenerationSpec
+from .step import StepPart, build_step
+
+
+class StepRunner:
+    def __init__(self, model, spec: GenerationSpec, kv_cache_memory: int | None = None):
+        first = spec.layers[0]
+        if any((c.kv_heads, c.head_size, c.value_size) != (first.kv_heads, first.head_size,
+                                                           first.head_size)
+               for c in spec.layers):
+            raise ArtifactError("the layers' KV caches differ in shape; this runtime pages "
+                                "one shape for every layer", "generation.layers",
+                                "recompile with a dayzero version that supports it")
+        self.model, self.spec = model, spec
+        self.layout = CacheLayout(len(spec.layers), first.kv_heads, first.head_size,
+                                  spec.block_size, spec.kv_cache_dtype)
+        blocks = self.layout.blocks_for(kv_cache_memory or spec.kv_cache_memory)
+        self.cache = PagedKVCache(self.layout, blocks)
+        self.allocator = BlockAllocator(blocks, spec.block_size)
+        self._names = [s.name for s in model.input_specs]
+        self._outputs = [s.name for s in model.output_specs]
+        self._pools = {}
+        for layer in range(len(spec.layers)):
+            for name, store in (("k", self.cache.keys), ("v", self.cache.values)):
+                self._pools[f"{name}_cache_{layer}"] = store[layer].reshape(
+                    -1, first.kv_heads, first.head_size)
+        missing = [n for n in self._names if n not in self._pools and n not in _STEP_INPUTS]
+        if missing:
+            raise ArtifactError(f"the step graph takes unknown inputs {missing}", "inputs",
+                                "the artifact is corrupted; recompile it")
+
+    @property
+    def cache_bytes(self) -> int:
+        return self.allocator.num_blocks * self.layout.block_bytes
+
+    def run(self, parts: Sequence[StepPart]) -> tuple[np.ndarray, list[int]]:
+        """Run one step; returns the logits rows [n, vocab] and, per row, its part's index."""
+        step = build_step(parts, self.spec.block_size)
+        feeds = {**step.feeds, **self._pools}
+        outputs = self.model(*[feeds[name] for name in self._names])
+        named = dict(zip(self._outputs, outputs))
+        for layer in range(len(self.spec.layers)):
+            self._pools[f"k_cache_{layer}"][step.write_slots] = named[f"key_{layer}"]
+            self._pools[f"v_cache_{layer}"][step.write_slots] = named[f"value_{layer}"]
+        logits = outputs[0]
+        return logits.reshape(-1, logits.shape[-1]), step.logit_parts
+
+
+_STEP_INPUTS = frozenset({"input_ids", "positions", "seq_slots", "token_seq", "token_len",
+                          "logit_indices"})
