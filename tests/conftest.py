@@ -51,6 +51,7 @@ AREA_BUDGETS: dict[str, float] = {  # measured 2026-12-01 in a clean-clone .ci/r
     "tests/backends": 480.0,  # 391 s: Triton's interpreter on whole models, the ORT conformance
     "tests/compiler": 420.0,  # 358 s: the OpInfo sample, the frontend's transformers models
     "tests/runtime": 150.0,  # 101 s: two-rank launches
+    "tests/generation": 150.0,
     "tests/passes": 120.0,
     "tests/tools": 60.0,
     "tests/regression": 40.0,
