@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 import backends
-from compiler.errors import DayzeroError
+from compiler.errors import DayzeroError, InputError
 from compiler.ir.dtypes import DType
 
 from .artifact import Artifact, open_artifact
@@ -62,6 +62,15 @@ class CompiledModel:
         self._check_outputs(outputs)
         check_output_shapes(self.output_specs, outputs, values, f"backend {self.backend.name}")
         return outputs
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        """Only a generation artifact generates; this one says how to compile one."""
+        raise InputError(f"{self.path} was compiled for task forward: it has no KV-cached step "
+                         "to generate with", str(self.path),
+                         "compile it with --task text-generation (compiler.compile(..., "
+                         "task='text-generation'))")
+
+    stream = generate_text = generate
 
     def _check_outputs(self, outputs: tuple[np.ndarray, ...]) -> None:
         """A backend returning the wrong number or dtype of outputs is a backend bug, not user's."""

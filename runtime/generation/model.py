@@ -10,12 +10,12 @@ prefill forward it was compiled from (logits for every position): `dayzero run`,
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-from compiler.errors import InputError
 
 from ..model import CompiledModel
 from ..sampling import SamplingParams
@@ -41,6 +41,7 @@ class GenerationModel:
         self._kv_cache_memory = kv_cache_memory
         self._runner: StepRunner | None = None
         self.tokenizer = None
+        self.stats = GenerationStats()
 
     def __getattr__(self, name: str) -> Any:  # path, manifest, backend, describe, ...
         return getattr(self.step_model, name)
@@ -124,17 +125,41 @@ class GenerationModel:
         scheduler = Scheduler(self.runner)
         for request in requests:
             scheduler.add(request)
+        stats = self.stats = GenerationStats(prompt_tokens=sum(r.prompt_len for r in requests))
+        start = time.perf_counter()
         try:
-            yield from scheduler.run()
+            for event in scheduler.run():
+                stats.record(event.sequence, time.perf_counter() - start, self.runner)
+                yield event
+            stats.preemptions = scheduler.preemptions
         finally:
             for request in requests:  # an abandoned stream frees its blocks
                 if not request.finished:
                     scheduler.cancel(request)
 
 
-def check_generation(model: Any) -> None:
-    if not isinstance(model, GenerationModel):
-        raise InputError(f"{model.path} was compiled for task forward: it has no KV-cached "
-                         "step to generate with", str(model.path),
-                         "compile it with --task text-generation (compile(..., "
-                         "task='text-generation'))")
+@dataclass
+class GenerationStats:
+    """What the last `generate` / `stream` call did: time to first token, generated tokens
+    and when the last came, preemptions, and the most cache blocks in use."""
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    first_token_s: float | None = None
+    last_token_s: float = 0.0
+    preemptions: int = 0
+    peak_blocks: int = 0
+    total_blocks: int = 0
+
+    def record(self, seq: Request, elapsed: float, runner: StepRunner) -> None:
+        self.generated_tokens += 1
+        self.first_token_s = elapsed if self.first_token_s is None else self.first_token_s
+        self.last_token_s = elapsed
+        self.peak_blocks = max(self.peak_blocks, runner.allocator.used)
+        self.total_blocks = runner.allocator.num_blocks
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        """Tokens after the first per second of decoding (None before a second token)."""
+        span = self.last_token_s - (self.first_token_s or 0.0)
+        return (self.generated_tokens - 1) / span if self.generated_tokens > 1 and span > 0 \
+            else None
