@@ -19,7 +19,8 @@ def compile(model, example_inputs: tuple, out: str | Path = "model.dz",
             dump_ir: str | Path | None = None, force: bool = False,
             log: StageLog | None = None, checkpoint: Any = None,
             fallback: str | None = None, report: Callable[[str], None] | None = None,
-            backend_options: Mapping[str, Any] | None = None, task: str = "forward") -> Path:
+            backend_options: Mapping[str, Any] | None = None, task: str = "forward",
+            tokenizer: str | Path | None = None) -> Path:
     """Compile `model` into an artifact directory at `out` and return its path.
 
     `passes` (a pipeline string) overrides the config's `passes:`; `dump_ir` writes the IR after
@@ -31,10 +32,11 @@ def compile(model, example_inputs: tuple, out: str | Path = "model.dz",
     `report` receives the fusion report (op counts before and after, patterns that fired).
     `backend_options` ({backend name: options}) is merged over the config's `backend_options:`.
     `task="text-generation"` compiles a causal LM (input_ids -> logits) into a generation
-    artifact: a KV-cached step over a paged cache (compiler/generation.py).
+    artifact: a KV-cached step over a paged cache (compiler/generation.py); it carries the
+    tokenizer of the folder `tokenizer` (default: the checkpoint folder), when it has one.
     """
     from .frontend import export
-    from .generation import check_task, eos_token_ids, generation_inputs
+    from .generation import check_task, eos_token_ids, generation_inputs, tokenizer_files
 
     log = log or SILENT
     check_task(task)
@@ -47,6 +49,9 @@ def compile(model, example_inputs: tuple, out: str | Path = "model.dz",
                                "parallel", "compile for generation on one device")
         example_inputs, dynamic_shapes = generation_inputs(example_inputs, dynamic_shapes)
         eos = eos_token_ids(model)
+        if tokenizer is None and checkpoint is not None:
+            tokenizer = checkpoint.layout.root
+    files = tokenizer_files(tokenizer) if eos is not None else {}
     target = _backend(backend)
     out = Path(out)
     _check_destinations(out, force, dump_ir)  # before the minutes of export and passes
@@ -60,12 +65,13 @@ def compile(model, example_inputs: tuple, out: str | Path = "model.dz",
     if checkpoint is None:
         return lower_and_write(graph, out, target, cfg, passes=passes, dump_ir=dump_ir,
                                force=force, log=log, fallback=fallback, report=report,
-                               aliases=aliases, eos_token_ids=eos)
+                               aliases=aliases, eos_token_ids=eos, extra_files=files)
     graph = checkpoint.bind(graph, log)
     with checkpoint.streaming(log) as progress:
         return lower_and_write(graph, out, target, cfg, passes=passes, dump_ir=dump_ir,
                                force=force, log=log, progress=progress, fallback=fallback,
-                               report=report, aliases=aliases, eos_token_ids=eos)
+                               report=report, aliases=aliases, eos_token_ids=eos,
+                               extra_files=files)
 
 
 def symbol_aliases(graph: Graph, dynamic_shapes: Any) -> dict[str, str]:
@@ -109,7 +115,8 @@ def lower_and_write(graph: Graph, out: Path, target, cfg: CompileConfig, *,
                     progress: Any = None, fallback: str | None = None,
                     report: Callable[[str], None] | None = None,
                     aliases: Mapping[str, str] | None = None,
-                    eos_token_ids: list[int] | None = None) -> Path:
+                    eos_token_ids: list[int] | None = None,
+                    extra_files: Mapping[str, bytes] | None = None) -> Path:
     """Run the pipeline on an exported graph and write the artifact for `target`.
 
     `eos_token_ids` (a list, maybe empty) makes it a generation artifact: the pipeline ends
@@ -163,7 +170,8 @@ def lower_and_write(graph: Graph, out: Path, target, cfg: CompileConfig, *,
     if forward is not None:
         from .generation import generation_section
 
-        extra["generation"] = generation_section(graph, forward, cfg, eos_token_ids)
+        extra["generation"] = generation_section(graph, forward, cfg, eos_token_ids,
+                                                 sorted(extra_files or {}))
     memory_plan = memory_plan_for(pipeline, graph)  # the final graph's plan, if one is asked for
     if memory_plan is not None:
         extra["memory_plan"] = memory_plan
@@ -172,7 +180,7 @@ def lower_and_write(graph: Graph, out: Path, target, cfg: CompileConfig, *,
         bar = progress(total) if progress is not None else log.progress(total, "weights")
         try:
             path = write_artifact(out, graph, target, options=options, force=force,
-                                  manifest_extra=extra, progress=bar)
+                                  manifest_extra=extra, progress=bar, extra_files=extra_files)
         except OSError as exc:
             raise _write_error(exc, out) from exc
     log.line(f"wrote {path}")

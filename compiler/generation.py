@@ -11,6 +11,7 @@ vocabulary, the longest sequence, the end-of-sequence ids and the `generation:` 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from runtime.generation.spec import GenerationSpec, LayerCache, parse_bytes
@@ -50,7 +51,7 @@ def forward_signature(graph: Graph, spec) -> dict[str, Any]:
 
 
 def generation_section(graph: Graph, forward: dict[str, Any], cfg: CompileConfig,
-                       eos_token_ids: list[int]) -> dict[str, Any]:
+                       eos_token_ids: list[int], tokenizer: list[str]) -> dict[str, Any]:
     layers = [LayerCache(n.attrs["kv_num_heads"], n.outputs[1].shape[-1],
                          n.outputs[2].shape[-1], n.attrs["window"])
               for n in graph.nodes if n.op == "paged_attention"]
@@ -65,7 +66,7 @@ def generation_section(graph: Graph, forward: dict[str, Any], cfg: CompileConfig
         parse_bytes(settings["kv_cache_memory"], "generation.kv_cache_memory"),
         settings["block_size"], settings["prefill_chunk"], settings["max_batch_tokens"],
         {"fp32": "f32", "fp16": "f16"}.get(cfg.precision.get("kv_cache_dtype"), "f32"))
-    return {**spec.to_manifest(), "forward": forward}
+    return {**spec.to_manifest(), "forward": forward, "tokenizer": tokenizer}
 
 
 def eos_token_ids(model: Any) -> list[int]:
@@ -84,3 +85,28 @@ def eos_token_ids(model: Any) -> list[int]:
         if callable(children) and len(seen) < 64:
             stack.extend(list(children())[:8])
     return []
+
+
+# the files of a Hugging Face tokenizer a generation artifact carries (tokenizer.json is the
+# tokenizer itself; the others hold its special tokens and chat template)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "chat_template.jinja", "chat_template.json", "generation_config.json")
+TOKENIZER_DIR = "tokenizer"
+_MAX_TOKENIZER_FILE = 256 << 20
+
+
+def tokenizer_files(folder: str | Path | None) -> dict[str, bytes]:
+    """{artifact path: bytes} of the tokenizer in `folder` (a checkpoint folder), or {} when it
+    has no tokenizer.json."""
+    if folder is None or not (Path(folder) / TOKENIZER_FILES[0]).is_file():
+        return {}
+    found = {}
+    for name in TOKENIZER_FILES:
+        path = Path(folder) / name
+        if not path.is_file():
+            continue
+        if path.stat().st_size > _MAX_TOKENIZER_FILE:
+            raise DayzeroError(f"{name} is larger than {_MAX_TOKENIZER_FILE >> 20} MiB",
+                               str(path), "check the tokenizer files of the checkpoint")
+        found[f"{TOKENIZER_DIR}/{name}"] = path.read_bytes()
+    return found

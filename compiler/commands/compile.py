@@ -84,6 +84,10 @@ def add_parser(sub) -> None:
     p.add_argument("--seq-len", metavar="MIN:MAX",
                    help="checkpoint SPEC: range of the dynamic sequence length of input_ids "
                         "(default 2:min(max_position_embeddings, 4096)); N for a static N")
+    p.add_argument("--task", choices=("text-generation", "forward"), default=None,
+                   help="text-generation: a KV-cached generation artifact (dayzero generate); "
+                        "default: text-generation for a checkpoint folder of a *ForCausalLM "
+                        "architecture, forward otherwise")
     p.set_defaults(handler=compile_command)
 
 
@@ -105,13 +109,22 @@ def compile_command(args) -> int:
         elif seq_range is not None:
             raise DayzeroError("--seq-len applies to checkpoint folders only", args.spec,
                                "set the sequence range in the SPEC function's dynamic_shapes")
+    task = args.task or default_task(spec.checkpoint)
+    log.line(f"  task {task}")
     compile(spec.module, spec.example_inputs, out=args.out, backend=args.backend,
             dynamic_shapes=spec.dynamic_shapes, config=args.config, passes=args.passes,
             dump_ir=args.dump_ir, force=args.force, log=log, checkpoint=spec.checkpoint,
             fallback=args.fallback, report=_reporter(args),
-            backend_options=backend_options)
+            backend_options=backend_options, task=task)
     print(args.out)
     return 0
+
+
+def default_task(checkpoint) -> str:
+    """text-generation for a checkpoint of a causal LM (config.json's architecture names a
+    *ForCausalLM class), forward for anything else."""
+    architecture = getattr(getattr(checkpoint, "model", None), "architecture", "")
+    return "text-generation" if architecture.endswith("ForCausalLM") else "forward"
 
 
 def _seq_range(text: str | None) -> tuple[int, int] | None:

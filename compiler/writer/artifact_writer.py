@@ -57,7 +57,8 @@ def write_artifact(out: str | Path, graph: Graph, backend: Backend | str, *,
                    manifest_extra: Mapping[str, Any] | None = None, force: bool = False,
                    progress: Callable[[int], Any] | None = None,
                    shard_bytes: int = DEFAULT_SHARD_BYTES,
-                   ranks: Sequence[Any] | None = None) -> Path:
+                   ranks: Sequence[Any] | None = None,
+                   extra_files: Mapping[str, bytes] | None = None) -> Path:
     """Write `graph` (with `graph.weight_data`) lowered by `backend` as an artifact at `out`.
 
     `progress` is called with the number of weight bytes written after each tensor. Without
@@ -67,6 +68,8 @@ def write_artifact(out: str | Path, graph: Graph, backend: Backend | str, *,
     `ranks` (objects with `rank`, `coords` and `graph`, one per rank of a partitioned model)
     writes one graph and one set of weight shards per rank instead (see `rank_writer`); `graph`
     is then the annotated global graph, stored as graph.dzir for inspection only.
+    `extra_files` ({relative path: bytes}, e.g. a generation artifact's tokenizer/) are written
+    and hashed like every other file.
     """
     out = Path(out)
     target = backends.get(backend) if isinstance(backend, str) else backend
@@ -82,10 +85,13 @@ def write_artifact(out: str | Path, graph: Graph, backend: Backend | str, *,
     sweep_stale_temps(out.parent)
     tmp = out.with_name(f".{out.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
     tmp.mkdir()  # not tempfile.mkdtemp: the artifact keeps the user's umask, not mode 0700
+    files: dict[str, dict[str, Any]] = {}
     try:
         with removed_on_sigterm(tmp), collection_paused():  # lowering builds a second graph
+            for rel, data in sorted((extra_files or {}).items()):
+                put_file(tmp, safe_relpath(rel, "artifact file"), bytes(data), files)
             _write_into(tmp, out, graph, target, options, extra, force, progress, shard_bytes,
-                        ranks)
+                        ranks, files)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -93,8 +99,8 @@ def write_artifact(out: str | Path, graph: Graph, backend: Backend | str, *,
 
 
 def _write_into(tmp: Path, out: Path, graph: Graph, target: Backend, options: dict[str, Any],
-                extra: dict[str, Any], force: bool, progress, shard_bytes: int, ranks) -> None:
-    files: dict[str, dict[str, Any]] = {}
+                extra: dict[str, Any], force: bool, progress, shard_bytes: int, ranks,
+                files: dict[str, dict[str, Any]]) -> None:
     if ranks is None:
         shard_files = _fill(tmp, graph, target, options, files, progress, shard_bytes)
     else:

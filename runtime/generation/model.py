@@ -11,11 +11,13 @@ prefill forward it was compiled from (logits for every position): `dayzero run`,
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from compiler.errors import InputError
 
 from ..model import CompiledModel
 from ..sampling import SamplingParams
@@ -27,6 +29,7 @@ from .scheduler import Scheduler
 from .scheduler import Sequence as Request
 from .spec import GenerationSpec
 from .step import StepPart
+from .tokenizer import ArtifactTokenizer, load_tokenizer
 
 
 class GenerationModel:
@@ -40,7 +43,7 @@ class GenerationModel:
         self.output_specs = specs_from_manifest(forward, "outputs")
         self._kv_cache_memory = kv_cache_memory
         self._runner: StepRunner | None = None
-        self.tokenizer = None
+        self._tokenizer: ArtifactTokenizer | None | bool = False  # False: not read yet
         self.stats = GenerationStats()
 
     def __getattr__(self, name: str) -> Any:  # path, manifest, backend, describe, ...
@@ -54,6 +57,30 @@ class GenerationModel:
         if self._runner is None:  # the pool is allocated at first use, then kept
             self._runner = StepRunner(self.step_model, self.spec, self._kv_cache_memory)
         return self._runner
+
+    @property
+    def tokenizer(self) -> ArtifactTokenizer | None:
+        """The tokenizer the artifact carries (None if compiled without one)."""
+        if self._tokenizer is False:
+            self._tokenizer = load_tokenizer(self.step_model)
+        return self._tokenizer
+
+    def generate_text(self, prompt: str | Sequence[Mapping[str, Any]], max_new_tokens: int = 64,
+                      **kwargs: Any) -> str:
+        """The text generated after `prompt` (a string), or after chat `messages` rendered with
+        the artifact's chat template; other arguments as `generate`."""
+        tokenizer = self._require_tokenizer()
+        ids = (tokenizer.encode(prompt) if isinstance(prompt, str)
+               else tokenizer.chat_ids(prompt))
+        out = self.generate([ids], max_new_tokens=max_new_tokens, **kwargs)
+        return tokenizer.decode(out[0, len(ids):].tolist())  # one prompt: no padding
+
+    def _require_tokenizer(self) -> ArtifactTokenizer:
+        if self.tokenizer is None:
+            raise InputError(f"{self.path} carries no tokenizer", str(self.path),
+                             "compile from a checkpoint folder with tokenizer.json (or pass "
+                             "compile(..., tokenizer=FOLDER)); or call generate with ids")
+        return self.tokenizer
 
     # -- the prefill forward ----------------------------------------------------------------
     def __call__(self, input_ids: Any) -> tuple[np.ndarray]:

@@ -1,0 +1,110 @@
+"""A causal LM checkpoint folder with a tokenizer, compiled and run from the command line:
+`dayzero compile CKPT` makes a generation artifact carrying the tokenizer (hashed), whose
+`generate_text` (plain and chat) says what transformers says, and `dayzero generate` streams it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import runtime
+from compiler.cli import main
+from tests.generation.tiny_lms import tiny_lm
+
+WORDS = ["hello", "world", "the", "model", "runs", "on", "day", "zero", "a", "cat", "sat",
+         "user", "assistant", ":", "!", "?"]
+CHAT = ("{{ bos_token }}{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} "
+        "{% endfor %}{% if add_generation_prompt %}assistant :{% endif %}")
+
+
+def _tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{w: i + 3 for i, w in enumerate(WORDS)}}
+    vocab.update({f"w{i}": i for i in range(len(vocab), 256)})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[
+        ("<s>", 1)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                   unk_token="<unk>", chat_template=CHAT)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckpt")
+    hf = tiny_lm("llama")
+    hf.config.bos_token_id, hf.config.eos_token_id = 1, 2
+    hf.generation_config.bos_token_id, hf.generation_config.eos_token_id = 1, 2
+    hf.save_pretrained(root / "lm")
+    _tokenizer().save_pretrained(root / "lm")
+    return root / "lm", hf
+
+
+@pytest.fixture(scope="module")
+def artifact(folder, tmp_path_factory):
+    out = tmp_path_factory.mktemp("art") / "lm.dz"
+    assert main(["compile", str(folder[0]), "-o", str(out), "--seq-len", "2:64", "-q"]) == 0
+    return out
+
+
+def test_the_folder_compiles_to_a_generation_artifact_with_its_tokenizer(artifact):
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    section = manifest["generation"]
+    assert section["eos_token_ids"] == [2] and section["max_positions"] == 64
+    assert "tokenizer/tokenizer.json" in manifest["files"]
+    assert "tokenizer/tokenizer_config.json" in section["tokenizer"]
+    assert [i["name"] for i in section["forward"]["inputs"]] == ["input_ids"]
+
+
+def _transformers_text(folder, ids: list[int], new: int) -> str:
+    from transformers import AutoTokenizer
+
+    path, hf = folder
+    tok = AutoTokenizer.from_pretrained(path)
+    tensor = torch.tensor([ids])
+    with torch.no_grad():
+        out = hf.generate(tensor, attention_mask=torch.ones_like(tensor), max_new_tokens=new,
+                          do_sample=False, pad_token_id=0)
+    return tok.decode(out[0, len(ids):], skip_special_tokens=True)
+
+
+def test_generate_text_says_what_transformers_says(folder, artifact):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folder[0])
+    model = runtime.load(artifact)
+    prompt = "hello world the model runs"
+    ids = tok(prompt)["input_ids"]
+    assert model.tokenizer.encode(prompt) == ids
+    assert model.generate_text(prompt, max_new_tokens=12) == _transformers_text(folder, ids, 12)
+    messages = [{"role": "user", "content": "a cat sat ?"}]
+    chat_ids = list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                            return_dict=True)["input_ids"])
+    assert model.tokenizer.chat_ids(messages) == chat_ids
+    assert model.generate_text(messages, max_new_tokens=12) == \
+        _transformers_text(folder, chat_ids, 12)
+
+
+def test_dayzero_generate_streams_text_then_speed_and_cache(artifact, capsys):
+    model = runtime.load(artifact)
+    want = model.generate_text("the cat sat", max_new_tokens=10)
+    capsys.readouterr()
+    assert main(["generate", str(artifact), "--prompt", "the cat sat",
+                 "--max-new-tokens", "10"]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == want.strip()
+    assert "TTFT" in err and "tokens/s" in err and "KV cache" in err
+
+
+def test_generate_on_a_forward_artifact_says_how_to_compile_one(folder, tmp_path, capsys):
+    out = tmp_path / "fwd.dz"
+    assert main(["compile", str(folder[0]), "-o", str(out), "--seq-len", "2:64", "-q",
+                 "--task", "forward"]) == 0
+    assert "generation" not in json.loads((out / "manifest.json").read_text())
+    capsys.readouterr()
+    assert main(["generate", str(out), "--prompt", "hello"]) == 1
+    assert "--task text-generation" in capsys.readouterr().err
