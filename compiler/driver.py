@@ -138,10 +138,10 @@ def lower_and_write(graph: Graph, out: Path, target, cfg: CompileConfig, *,
         from compiler.writer import value_spec
         from passes import get_pass
 
-        from .generation import forward_signature
+        from .generation import forward_signature, generation_pipeline
 
         forward = forward_signature(graph, value_spec)
-        pipeline = [*pipeline, get_pass("derive_generation_step")()]
+        pipeline = generation_pipeline(pipeline, get_pass)
     manager = PassManager(pipeline, dump_dir=dump_ir, log=log.line)
     before = op_counts(graph)  # passes change the graph in place
     with log.stage("passes", format_pipeline(pipeline)):

@@ -45,6 +45,16 @@ def generation_inputs(example_inputs: tuple, dynamic_shapes: Any) -> tuple[tuple
     return (ids, *example_inputs[1:]), (dims, *dynamic_shapes[1:])
 
 
+def generation_pipeline(pipeline: list, get_pass) -> list:
+    """`pipeline` with `derive_generation_step` (and the `fuse` it needs: it pages whole
+    attention blocks) before memory planning, which must see the step graph."""
+    names = [p.name for p in pipeline]
+    cut = next((i for i, n in enumerate(names) if n in ("plan_memory", "schedule_for_memory")),
+               len(pipeline))
+    extra = [] if "fuse" in names[:cut] else [get_pass("fuse")()]
+    return [*pipeline[:cut], *extra, get_pass("derive_generation_step")(), *pipeline[cut:]]
+
+
 def forward_signature(graph: Graph, spec) -> dict[str, Any]:
     """The exported forward's inputs and outputs, as the manifest lists a graph's."""
     return {"inputs": [spec(v) for v in graph.inputs], "outputs": [spec(v) for v in graph.outputs]}

@@ -148,7 +148,12 @@ def _memory(args, path: Path, graph, manifest: dict | None) -> int:
     from passes.memory.report import summarize
 
     recorded = manifest is not None and manifest.get("memory_plan") is not None
-    if recorded:
+    generation = (manifest or {}).get("generation")
+    if generation is not None and not recorded:
+        from .generation_memory import step_sizes
+
+        plan = plan_graph(graph, step_sizes(manifest, graph))
+    elif recorded:
         plan = MemoryPlan.from_json(manifest["memory_plan"], f"{path}/manifest.json: memory_plan")
         verify_plan(plan, graph)
     else:
@@ -160,6 +165,10 @@ def _memory(args, path: Path, graph, manifest: dict | None) -> int:
     if args.json:
         print(json.dumps({"memory_plan": plan.to_json(), "recorded": recorded}, indent=2))
     elif args.memory:
+        if generation is not None:
+            from .generation_memory import memory_by_kind
+
+            print(memory_by_kind(manifest, graph, plan.arena_bytes), end="")
         print(summarize(plan, graph, recorded), end="")
     if args.plot and not args.json:
         print(f"wrote {args.plot}")

@@ -128,7 +128,7 @@ def test_bound_graph_holds_lazy_handles_in_shard_order(llama_dir):
 def test_cli_compiles_a_checkpoint_folder(llama_dir, tmp_path, capsys):
     out = tmp_path / "m.dz"
     assert main(["compile", str(llama_dir), "-o", str(out), "--backend", "reference",
-                 "--seq-len", "4:32"]) == 0
+                 "--seq-len", "4:32", "--task", "forward"]) == 0
     err = capsys.readouterr().err
     assert "LlamaForCausalLM from" in err and "seq in [4, 32]" in err
     assert f"reading shard 1/{len(shards(llama_dir))}" in err

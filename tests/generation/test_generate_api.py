@@ -117,3 +117,15 @@ def test_a_forward_artifact_says_how_to_compile_for_generation(tmp_path):
     with pytest.raises(InputError, match="task forward") as info:
         model.generate(prompt(3, seed=1).numpy())
     assert "--task text-generation" in info.value.fix
+
+
+def test_inspect_memory_shows_weights_kv_cache_and_activations_apart(artifact, lm, capsys):
+    from compiler.cli import main
+
+    assert main(["inspect", str(artifact), "--memory"]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split()[0]: line for line in out.splitlines()[1:5]}
+    assert set(lines) == {"weights", "KV", "activations", "total"}
+    kv_mib = float(lines["KV"].split()[2])
+    assert kv_mib == pytest.approx(lm.runner.cache_bytes / 2**20, abs=0.01)
+    assert "one step of 256 tokens" in lines["activations"]  # the exported range caps the budget
