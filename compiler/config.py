@@ -67,7 +67,7 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], bool], Any]]] = {
     "precision": {
         "weight_dtype": (_one_of(*_DTYPES), "fp32"),
         "activation_dtype": (_one_of(*_DTYPES), "fp32"),
-        "kv_cache_dtype": (_one_of(*_DTYPES), "fp32"),
+        "kv_cache_dtype": (_one_of(*_DTYPES, "int8"), "fp32"),
     },
     "quantize": {
         "weights": (_one_of(None, "int8", "int4"), None),

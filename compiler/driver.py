@@ -138,10 +138,10 @@ def lower_and_write(graph: Graph, out: Path, target, cfg: CompileConfig, *,
         from compiler.writer import value_spec
         from passes import get_pass
 
-        from .generation import forward_signature, generation_pipeline
+        from .generation import cache_dtype, forward_signature, generation_pipeline
 
         forward = forward_signature(graph, value_spec)
-        pipeline = generation_pipeline(pipeline, get_pass)
+        pipeline = generation_pipeline(pipeline, get_pass, cache_dtype(cfg))
     manager = PassManager(pipeline, dump_dir=dump_ir, log=log.line)
     before = op_counts(graph)  # passes change the graph in place
     with log.stage("passes", format_pipeline(pipeline)):
@@ -152,6 +152,12 @@ def lower_and_write(graph: Graph, out: Path, target, cfg: CompileConfig, *,
             raise _write_error(exc, Path(dump_ir) if dump_ir else out) from exc
     if report is not None:
         report(fusion_report(before, graph, records_of(manager), misses_of(manager)))
+    generation = None
+    if forward is not None:  # read from the step's paged_attention nodes, before lowering
+        from .generation import generation_section
+
+        generation = generation_section(graph, forward, cfg, eos_token_ids,
+                                        sorted(extra_files or {}))
     if _world_size(cfg) > 1:
         return _write_partitioned(graph, out, target, cfg, format_pipeline(pipeline),
                                   dump_ir=dump_ir, force=force, log=log, aliases=aliases)
@@ -167,11 +173,8 @@ def lower_and_write(graph: Graph, out: Path, target, cfg: CompileConfig, *,
                         "quantize": cfg.quantize}}
     if aliases:
         extra["symbol_aliases"] = dict(aliases)
-    if forward is not None:
-        from .generation import generation_section
-
-        extra["generation"] = generation_section(graph, forward, cfg, eos_token_ids,
-                                                 sorted(extra_files or {}))
+    if generation is not None:
+        extra["generation"] = generation
     memory_plan = memory_plan_for(pipeline, graph)  # the final graph's plan, if one is asked for
     if memory_plan is not None:
         extra["memory_plan"] = memory_plan
@@ -364,6 +367,7 @@ def _with_quantization(pipeline: list, cfg: CompileConfig) -> list:
 # precision values the precision pass implements (fp8 is a quantization format: not yet)
 _IMPLEMENTED = {("precision", "weight_dtype"): ("fp32", "bf16", "fp16"),
                 ("precision", "activation_dtype"): ("fp32", "bf16", "fp16"),
+                ("precision", "kv_cache_dtype"): ("fp32", "int8"),
                 ("quantize", "weights"): ("int4", "int8")}
 
 

@@ -45,14 +45,19 @@ def generation_inputs(example_inputs: tuple, dynamic_shapes: Any) -> tuple[tuple
     return (ids, *example_inputs[1:]), (dims, *dynamic_shapes[1:])
 
 
-def generation_pipeline(pipeline: list, get_pass) -> list:
+def generation_pipeline(pipeline: list, get_pass, kv_cache_dtype: str = "f32") -> list:
     """`pipeline` with `derive_generation_step` (and the `fuse` it needs: it pages whole
     attention blocks) before memory planning, which must see the step graph."""
+    import dataclasses
+
+    # a backend may keep attention blocks unfused for its own kernels (triton: heads=false)
+    pipeline = [dataclasses.replace(p, heads=True) if p.name == "fuse" else p for p in pipeline]
     names = [p.name for p in pipeline]
     cut = next((i for i, n in enumerate(names) if n in ("plan_memory", "schedule_for_memory")),
                len(pipeline))
     extra = [] if "fuse" in names[:cut] else [get_pass("fuse")()]
-    return [*pipeline[:cut], *extra, get_pass("derive_generation_step")(), *pipeline[cut:]]
+    derive = get_pass("derive_generation_step")(kv_cache_dtype=kv_cache_dtype)
+    return [*pipeline[:cut], *extra, derive, *pipeline[cut:]]
 
 
 def forward_signature(graph: Graph, spec) -> dict[str, Any]:
@@ -75,8 +80,16 @@ def generation_section(graph: Graph, forward: dict[str, Any], cfg: CompileConfig
         tuple(layers), vocab, graph.symbols[str(tokens)][1], tuple(eos_token_ids),
         parse_bytes(settings["kv_cache_memory"], "generation.kv_cache_memory"),
         settings["block_size"], settings["prefill_chunk"], settings["max_batch_tokens"],
-        {"fp32": "f32", "fp16": "f16"}.get(cfg.precision.get("kv_cache_dtype"), "f32"))
+        cache_dtype(cfg))
     return {**spec.to_manifest(), "forward": forward, "tokenizer": tokenizer}
+
+
+# precision.kv_cache_dtype -> the pool's element type (fp16, bf16 and fp8 are refused earlier)
+_CACHE_DTYPES = {"fp32": "f32", "int8": "int8"}
+
+
+def cache_dtype(cfg: CompileConfig) -> str:
+    return _CACHE_DTYPES[cfg.precision["kv_cache_dtype"]]
 
 
 def eos_token_ids(model: Any) -> list[int]:

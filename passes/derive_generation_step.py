@@ -27,6 +27,7 @@ step never silently recomputes the whole sequence.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from compiler.errors import DayzeroError
 from compiler.ir import Graph
@@ -63,6 +64,9 @@ class DeriveGenerationStep(Pass):
     name = "derive_generation_step"
     summary = ("a causal LM's forward as one packed, KV-cached generation step (positions, "
                "paged attention, selected logits)")
+    # int8: the cache pools are int8 with a float32 scale per token and head (inputs
+    # k_scale_<i>, v_scale_<i>), a quarter of the bytes of f32
+    kv_cache_dtype: Literal["f32", "int8"] = "f32"
 
     def run(self, graph: Graph) -> PassResult:
         tokens = _token_symbol(graph)
@@ -70,7 +74,7 @@ class DeriveGenerationStep(Pass):
         _, hi = graph.symbols[tokens.name]
         graph.symbols[tokens.name] = (1, hi)  # a decode step has one token
         _replace_positions(graph, tokens)
-        _page_attention(graph, attention, tokens)
+        _page_attention(graph, attention, tokens, self.kv_cache_dtype == "int8")
         _select_logits(graph, hi)
         EliminateDeadCode().run(graph)  # the masks, tables and the tail the step replaced
         _check_no_token_mixing(graph, tokens)
@@ -154,12 +158,13 @@ def _replace_positions(graph: Graph, tokens) -> None:
         graph.remove_nodes([node])
 
 
-def _page_attention(graph: Graph, blocks: list[Node], tokens) -> None:
+def _page_attention(graph: Graph, blocks: list[Node], tokens, int8: bool) -> None:
     slots = symbol(KV_SLOTS)
     graph.symbols[KV_SLOTS] = (1, _MAX_SLOTS)
     seqs, keys = symbol(STEP_SEQUENCES), symbol(STEP_KEYS)
     graph.symbols[STEP_SEQUENCES] = (1, graph.symbols[tokens.name][1])
-    graph.symbols[STEP_KEYS] = (1, _MAX_SLOTS)
+    # a sequence has no more keys than positions: the exported range bounds the slot lists
+    graph.symbols[STEP_KEYS] = (1, graph.symbols[tokens.name][1])
     shared = [graph.add_input("seq_slots", TensorType(DType.i64, (seqs, keys))),
               graph.add_input("token_seq", TensorType(DType.i64, (tokens,))),
               graph.add_input("token_len", TensorType(DType.i64, (tokens,)))]
@@ -168,12 +173,16 @@ def _page_attention(graph: Graph, blocks: list[Node], tokens) -> None:
         kv_heads = node.attrs["kv_num_heads"]
         size, v_size = k.shape[-1] // kv_heads, v.shape[-1] // kv_heads
         caches = [graph.add_input(f"{name}_cache_{layer}",
-                                  TensorType(q.dtype, (slots, kv_heads, width)))
+                                  TensorType(DType.i8 if int8 else q.dtype,
+                                             (slots, kv_heads, width)))
                   for name, width in (("k", size), ("v", v_size))]
+        scales = [graph.add_input(f"{name}_scale_{layer}", TensorType(DType.f32, (slots, kv_heads)))
+                  for name in ("k", "v")] if int8 else []
         attrs = {"num_heads": node.attrs["num_heads"], "kv_num_heads": kv_heads,
                  "scale": node.attrs["scale"], "window": node.attrs.get("window"),
                  "softcap": node.attrs.get("softcap")}
-        paged = graph.add_node("paged_attention", [q, k, v, cos, sin, *caches, *shared], attrs,
+        paged = graph.add_node("paged_attention", [q, k, v, cos, sin, *caches, *shared, *scales],
+                               attrs,
                                loc=node.loc, before=node,
                                names=[node.outputs[0].name + "_paged", f"key_{layer}",
                                       f"value_{layer}"])

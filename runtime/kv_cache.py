@@ -128,21 +128,38 @@ class PagedKVCache:
     def write(self, layer: int, table: list[int], start: int, keys: np.ndarray,
               values: np.ndarray) -> None:
         """Store tokens start .. start + len(keys) - 1 ([tokens, kv_heads, head_size] each)."""
-        slots = self._slots(table, start, len(keys))
-        for which, (store, data) in enumerate(((self.keys, keys), (self.values, values))):
+        blocks, offsets = self._slots(table, start, len(keys))
+        self.store(layer, blocks * self.layout.block_size + offsets, keys, values, start)
+
+    def store(self, layer: int, slots: np.ndarray, keys: np.ndarray, values: np.ndarray,
+              first_token: int = 0) -> None:
+        """Store one row of keys and values per pool slot (block * block_size + offset); int8
+        rows are quantized per token and head with scale max |x| / 127."""
+        for which, data in enumerate((keys, values)):
+            store = self.flat(layer, which)
             if self.scales is None:
-                store[layer, slots[0], slots[1]] = data
+                store[slots] = data
                 continue
             if not np.isfinite(data).all():
-                token = int(np.argwhere(~np.isfinite(data))[0][0]) + start
+                token = int(np.argwhere(~np.isfinite(data))[0][0]) + first_token
                 raise InputError(f"layer {layer}'s {('keys', 'values')[which]} hold a NaN or "
                                  f"Inf at token {token}, which an int8 cache cannot store",
                                  "precision.kv_cache_dtype",
-                                 "use kv_cache_dtype f32 or f16 to keep non-finite values")
+                                 "use kv_cache_dtype fp32 to keep non-finite values")
             scale = np.abs(data).max(axis=-1) / 127.0
             safe = np.where(scale > 0, scale, 1.0)[..., None]
-            store[layer, slots[0], slots[1]] = np.rint(data / safe).astype(np.int8)
-            self.scales[which, layer, slots[0], slots[1]] = scale
+            store[slots] = np.rint(data / safe).astype(np.int8)
+            self.flat_scales(layer, which)[slots] = scale
+
+    def flat(self, layer: int, which: int) -> np.ndarray:
+        """Layer `layer`'s keys (which 0) or values (1) as [slots, kv_heads, head_size], a view."""
+        store = (self.keys, self.values)[which][layer]
+        return store.reshape(-1, *store.shape[-2:])
+
+    def flat_scales(self, layer: int, which: int) -> np.ndarray:
+        """The int8 scales of `flat(layer, which)` as [slots, kv_heads], a view."""
+        scales = self.scales[which, layer]
+        return scales.reshape(-1, scales.shape[-1])
 
     def read(self, layer: int, table: list[int], length: int) -> tuple[np.ndarray, np.ndarray]:
         """Tokens 0 .. length - 1 as contiguous float32 [length, kv_heads, head_size] arrays."""

@@ -64,16 +64,32 @@ def align_command(args) -> int:
     log = StageLog(sys.stderr)
     session = options_from_assignments(args.session, "session").get("session")
     with _target(args, log) as target, contextlib.redirect_stdout(chatter):
-        inputs = _inputs(args, target)
-        report = run_alignment(target, inputs, atol=args.atol, rtol=args.rtol, session=session)
+        steps = _steps(args, target)
+        reports = [(label, run_alignment(target, inputs, atol=args.atol, rtol=args.rtol,
+                                         session=session)) for label, inputs in steps]
     if args.html:
-        write_page(args.html, render(report))
+        write_page(args.html, render(reports[-1][1]))
         print(f"wrote {args.html}", file=sys.stderr)
     if args.json:
-        print(json.dumps(report.to_json(), indent=1))
+        documents = [{"step": label, **report.to_json()} if label else report.to_json()
+                     for label, report in reports]
+        print(json.dumps(documents[0] if len(documents) == 1 else documents, indent=1))
     else:
-        print(format_report(report, all_rows=args.all))
-    return 0 if report.ok else 1
+        for label, report in reports:
+            if label:
+                print(f"== {label}")
+            print(format_report(report, all_rows=args.all))
+    return 0 if all(report.ok for _, report in reports) else 1
+
+
+def _steps(args, target) -> list:
+    """[(label, inputs)]: one unlabelled set, or for a generation artifact without --input a
+    prefill and a decode step (compiler/tools/align_generation.py)."""
+    if target.artifact.manifest.get("generation") is not None and not args.input:
+        from ..tools.align_generation import generation_steps
+
+        return generation_steps(target.artifact.root)
+    return [(None, _inputs(args, target))]
 
 
 def _is_artifact(path: str) -> bool:

@@ -38,9 +38,10 @@ class StepRunner:
         self._outputs = [s.name for s in model.output_specs]
         self._pools = {}
         for layer in range(len(spec.layers)):
-            for name, store in (("k", self.cache.keys), ("v", self.cache.values)):
-                self._pools[f"{name}_cache_{layer}"] = store[layer].reshape(
-                    -1, first.kv_heads, first.head_size)
+            for which, name in enumerate("kv"):
+                self._pools[f"{name}_cache_{layer}"] = self.cache.flat(layer, which)
+                if self.cache.scales is not None:
+                    self._pools[f"{name}_scale_{layer}"] = self.cache.flat_scales(layer, which)
         missing = [n for n in self._names if n not in self._pools and n not in _STEP_INPUTS]
         if missing:
             raise ArtifactError(f"the step graph takes unknown inputs {missing}", "inputs",
@@ -57,8 +58,8 @@ class StepRunner:
         outputs = self.model(*[feeds[name] for name in self._names])
         named = dict(zip(self._outputs, outputs))
         for layer in range(len(self.spec.layers)):
-            self._pools[f"k_cache_{layer}"][step.write_slots] = named[f"key_{layer}"]
-            self._pools[f"v_cache_{layer}"][step.write_slots] = named[f"value_{layer}"]
+            self.cache.store(layer, step.write_slots, named[f"key_{layer}"],
+                             named[f"value_{layer}"])
         logits = outputs[0]
         return logits.reshape(-1, logits.shape[-1]), step.logit_parts
 

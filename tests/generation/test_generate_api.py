@@ -129,3 +129,13 @@ def test_inspect_memory_shows_weights_kv_cache_and_activations_apart(artifact, l
     kv_mib = float(lines["KV"].split()[2])
     assert kv_mib == pytest.approx(lm.runner.cache_bytes / 2**20, abs=0.01)
     assert "one step of 256 tokens" in lines["activations"]  # the exported range caps the budget
+
+
+def test_align_checks_a_prefill_and_a_decode_step(artifact, capsys):
+    from compiler.cli import main
+
+    assert main(["align", str(artifact)]) == 0
+    out = capsys.readouterr().out
+    assert "== prefill step (8 tokens, empty cache)" in out
+    assert "== decode step (1 token after 8 cached)" in out
+    assert out.count("OK: every compared value is within its threshold") == 2

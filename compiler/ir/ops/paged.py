@@ -19,6 +19,10 @@ values [T, kv_heads, v_size] of the step's tokens, which the runtime writes into
 paging itself (block tables, slot numbers) stays in the runtime: the op sees slot lists only, so
 its kernels need no block size and a decomposition in plain gathers expresses it.
 
+An int8 cache (`precision.kv_cache_dtype: int8`) comes with `k_scale` and `v_scale` [P,
+kv_heads]: slot s of head h holds `cache[s, h] * scale[s, h]` (one scale per token and head,
+max |x| / 127, as the runtime quantizes what it writes). This step's own keys are exact.
+
 A hidden key never reaches a row (its score is -inf and its value is zeroed), as with
 `multi_head_attention(is_causal=true)`; a NaN or Inf in a visible key or value propagates.
 """
@@ -33,12 +37,18 @@ from .fused import Emitter, _reference, decomposes
 from .multi_head import HEADS_FIRST, _check_heads, _head_size, _split
 from .registry import REQUIRED, ShapeError, define
 
-INPUTS = "q k v cos? sin? k_cache v_cache seq_slots token_seq token_len"
+INPUTS = "q k v cos? sin? k_cache v_cache seq_slots token_seq token_len k_scale? v_scale?"
 _NEW_TOKEN = -2  # slot -2 - t is token t of this step
 
 
+def _padded(operands) -> list:
+    """The operands with the absent trailing optional ones (the int8 scales) as None."""
+    return [*operands, *[None] * (len(INPUTS.split()) - len(operands))]
+
+
 def _rule(types, attrs):
-    q, k, v, cos, sin, k_cache, v_cache, seq_slots, token_seq, token_len = types
+    q, k, v, cos, sin, k_cache, v_cache, seq_slots, token_seq, token_len, k_scale, v_scale = \
+        _padded(types)
     heads, kv_heads = _check_heads(attrs)
     size, v_size = _head_size(q, heads, "query"), _head_size(v, kv_heads, "value")
     if q.rank != 3 or not equal(q.shape[0], 1):
@@ -53,8 +63,7 @@ def _rule(types, attrs):
             or not equal(k_cache.shape[0], v_cache.shape[0]):
         raise ShapeError(f"paged_attention: caches {k_cache} and {v_cache} must be [slots, "
                          f"{kv_heads}, {size}] and [slots, {kv_heads}, {v_size}]")
-    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        raise ShapeError(f"paged_attention: caches must be {q.dtype} like q")
+    _check_cache_dtype(q, k_cache, v_cache, k_scale, v_scale)
     for name, t, rank in (("seq_slots", seq_slots, 2), ("token_seq", token_seq, 1),
                           ("token_len", token_len, 1)):
         if t.dtype != DType.i64 or t.rank != rank:
@@ -67,6 +76,18 @@ def _rule(types, attrs):
     tokens = q.shape[1]
     return [q.with_shape((1, tokens, heads * v_size)),
             q.with_shape((tokens, kv_heads, size)), q.with_shape((tokens, kv_heads, v_size))]
+
+
+def _check_cache_dtype(q, k_cache, v_cache, k_scale, v_scale) -> None:
+    if k_cache.dtype != v_cache.dtype or k_cache.dtype not in (q.dtype, DType.i8):
+        raise ShapeError(f"paged_attention: caches must both be {q.dtype} like q, or int8")
+    scaled = k_cache.dtype == DType.i8
+    if scaled != (k_scale is not None) or scaled != (v_scale is not None):
+        raise ShapeError("paged_attention: an int8 cache takes k_scale and v_scale, a float "
+                         "one neither")
+    if scaled and any(t.dtype != DType.f32 or tuple(t.shape) != tuple(k_cache.shape[:2])
+                      for t in (k_scale, v_scale)):
+        raise ShapeError(f"paged_attention: scales must be f32 {list(k_cache.shape[:2])}")
 
 
 define("paged_attention", INPUTS, _rule, _reference("paged_attention"), "fused",
@@ -82,9 +103,10 @@ def _tokens_first(e: Emitter, heads_first):
     return e.op("permute", e.op("reshape", heads_first, shape=[h, t, d]), dims=[1, 0, 2])
 
 
-def _gather_slots(e: Emitter, cache, new, slots, hidden):
-    """[T, L, h, d]: each slot's row from the pool or from this step's tokens; hidden slots
-    read row 0 and are zeroed, so that whatever lies there never reaches a row."""
+def _gather_slots(e: Emitter, cache, scale, new, slots, hidden):
+    """[T, L, h, d]: each slot's row from the pool (dequantized with `scale` when int8) or from
+    this step's tokens; hidden slots read row 0 and are zeroed, so that whatever lies there
+    never reaches a row."""
     tokens, length = slots.shape
     flat = e.op("reshape", slots, shape=[tokens * length])
     zero = e.const(0, DType.i64)
@@ -92,11 +114,16 @@ def _gather_slots(e: Emitter, cache, new, slots, hidden):
     in_pool = e.op("ge", flat, zero)
     new_rows = e.op("index_select", new, e.op(
         "where", from_new, e.op("sub", e.const(_NEW_TOKEN, DType.i64), flat), zero), dim=0)
-    pool_rows = e.op("index_select", cache, e.op("where", in_pool, flat, zero), dim=0)
+    pool_index = e.op("where", in_pool, flat, zero)
+    pool_rows = e.op("index_select", cache, pool_index, dim=0)
+    if scale is not None:
+        scales = e.op("index_select", scale, pool_index, dim=0)
+        pool_rows = e.op("mul", e.op("cast", pool_rows, dtype=new.dtype),
+                         e.op("reshape", scales, shape=[tokens * length, cache.shape[1], 1]))
     rows = e.op("where", e.op("reshape", from_new, shape=[tokens * length, 1, 1]), new_rows,
                 pool_rows)
     rows = e.op("where", e.op("reshape", hidden, shape=[tokens * length, 1, 1]),
-                e.const(0.0, cache.dtype), rows)
+                e.const(0.0, new.dtype), rows)
     return e.op("reshape", rows, shape=[tokens, length, *cache.shape[1:]])
 
 
@@ -116,7 +143,8 @@ def _visible(e: Emitter, slots, token_len, window):
 
 @decomposes("paged_attention")
 def _paged_attention(e: Emitter, inputs, attrs):
-    q, k, v, cos, sin, k_cache, v_cache, seq_slots, token_seq, token_len = inputs
+    q, k, v, cos, sin, k_cache, v_cache, seq_slots, token_seq, token_len, k_scale, v_scale = \
+        _padded(inputs)
     heads, kv_heads = attrs["num_heads"], attrs["kv_num_heads"]
     size = q.shape[-1] // heads
     scale = attrs["scale"] if attrs["scale"] is not None else 1.0 / math.sqrt(size)
@@ -126,8 +154,8 @@ def _paged_attention(e: Emitter, inputs, attrs):
     slots = e.op("index_select", seq_slots, token_seq, dim=0)
     visible = _visible(e, slots, token_len, attrs["window"])
     hidden = e.op("logical_not", visible)
-    keys = _gather_slots(e, k_cache, new_k, slots, hidden)      # [T, L, kv, d]
-    values = _gather_slots(e, v_cache, new_v, slots, hidden)    # [T, L, kv, dv]
+    keys = _gather_slots(e, k_cache, k_scale, new_k, slots, hidden)      # [T, L, kv, d]
+    values = _gather_slots(e, v_cache, v_scale, new_v, slots, hidden)    # [T, L, kv, dv]
     group = heads // kv_heads
     query = e.op("reshape", _tokens_first(e, _split(e, q, heads, (cos, sin))),
                  shape=[tokens, kv_heads, group, size])
