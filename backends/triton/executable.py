@@ -101,6 +101,7 @@ class TritonExecutable:
         self.fallbacks = list(fallbacks)  # (segment with .inputs/.outputs, executable)
         self.slots, self.arena_bytes = dict(slots or {}), arena_bytes
         self.arena = None
+        self.returned = {v.name for v in graph.outputs}
         self.tuner = Autotuner(enabled=device == "cuda")
         self.handlers = {"kernel": self._launch, "matmul": self._launch_matmul,
                          "segment": self._fallback, "host": self._host}
@@ -238,6 +239,11 @@ class TritonExecutable:
                 slot = self._alloc(value.name, list(tensor.shape))
                 slot.copy_(tensor)
                 tensor = slot
+            elif self.arena is not None and value.name in self.returned and \
+                    _overlap(tensor, self.arena):
+                # a returned view of an arena value (the memory plan keeps outputs out of the
+                # arena and expects them copied out): later steps reuse the bytes it views
+                tensor = tensor.clone()
             env[value.name] = tensor
 
 

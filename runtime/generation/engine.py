@@ -35,7 +35,10 @@ class StepRunner:
         self.cache = PagedKVCache(self.layout, blocks)
         self.allocator = BlockAllocator(blocks, spec.block_size)
         self._names = [s.name for s in model.input_specs]
-        self._outputs = [s.name for s in model.output_specs]
+        if len(model.output_specs) != 1 + 2 * len(spec.layers):
+            raise ArtifactError(f"the step graph has {len(model.output_specs)} outputs, not the "
+                                f"logits and a key and value per layer ({len(spec.layers)})",
+                                "outputs", "the artifact is corrupted; recompile it")
         self._pools = {}
         for layer in range(len(spec.layers)):
             for which, name in enumerate("kv"):
@@ -56,10 +59,11 @@ class StepRunner:
         step = build_step(parts, self.spec.block_size)
         feeds = {**step.feeds, **self._pools}
         outputs = self.model(*[feeds[name] for name in self._names])
-        named = dict(zip(self._outputs, outputs))
+        # outputs by position (a backend's lowering may rename them): logits, then each
+        # layer's new keys and values
         for layer in range(len(self.spec.layers)):
-            self.cache.store(layer, step.write_slots, named[f"key_{layer}"],
-                             named[f"value_{layer}"])
+            self.cache.store(layer, step.write_slots, outputs[1 + 2 * layer],
+                             outputs[2 + 2 * layer])
         logits = outputs[0]
         return logits.reshape(-1, logits.shape[-1]), step.logit_parts
 

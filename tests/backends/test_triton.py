@@ -325,3 +325,31 @@ def test_output_slot_laid_over_its_input_at_another_offset(tmp_path, shift):
     executable.slots = {neg: (base, size), mul: (base + 4 * shift, size)}
     executable.arena_bytes = size + 4 * abs(shift)
     np.testing.assert_allclose(loaded(x)[0], model(x).numpy(), rtol=1e-6, atol=1e-6)
+
+
+class ReturnsAView(nn.Module):
+    """Returns a view (a reshape of a slice) of an intermediate whose arena bytes a later node
+    reuses: the KV-cached generation step returns each layer's new values this way."""
+
+    def forward(self, x):
+        fused = x * 3.0                      # in the arena
+        values = fused[:, 8:].reshape(-1)    # a view of it, returned
+        later = torch.exp(x)                 # may take fused's bytes once it is dead
+        return values, later + 1.0
+
+
+def test_a_returned_view_of_an_arena_value_is_copied_out(tmp_path):
+    """The memory plan keeps graph outputs out of the arena and expects a returned view to be
+    copied out when produced; here `exp` is laid over the dead `mul`, as a plan may do."""
+    model = ReturnsAView().eval()
+    x = torch.randn(1, 16)
+    path = compiler.compile(model, (x,), out=tmp_path / "m.dz", backend="triton",
+                            passes="remove_noops,fold_constants,plan_memory")
+    loaded = runtime.load(path)
+    executable = loaded._executable
+    names = {n.op: n.outputs[0].name for n in executable.graph.nodes}
+    executable.slots = {names["mul"]: (0, 64), names["exp"]: (0, 64)}
+    executable.arena_bytes = 64
+    got = loaded(x)
+    for g, w in zip(got, model(x)):
+        np.testing.assert_allclose(g, w.numpy(), rtol=1e-6, atol=1e-6)

@@ -1,0 +1,437 @@
+"""Text generation against transformers and ONNX Runtime GenAI: TTFT, decode, batch, long context.
+
+One random Llama-shaped checkpoint of about 150M parameters (hidden 1024, 8 layers, 16 heads, 4
+KV heads, intermediate 2816, vocab 32000) with a tokenizer.json made by the `tokenizers`
+library, written once into --workdir; every peer builds from that same folder:
+
+- dayzero: `dayzero compile CKPT` (a generation artifact; `quantize: {weights: int4}` for int4),
+  run through `runtime.load(...).stream`;
+- transformers eager `generate` (fp32), its time per token taken by a streamer;
+- ONNX Runtime GenAI (`pip install onnxruntime-genai`), built by its own builder
+  (`python -m onnxruntime_genai.models.builder -i CKPT -o DIR -p fp32|int4 -e cpu`).
+
+Each measurement runs in a fresh process with 2 threads (peak RSS is that process's). Printed:
+TTFT and decode ms/token at prompt 128 + 64 new tokens, batch 1, for each peer with ratios
+against the best peer of the same precision, the memory-bandwidth floor of a decode step
+(weight bytes it reads / measured 2-thread read bandwidth) and the FLOP roofline of the prompt
+(2 x matmul parameters x tokens / measured GEMM rate); dayzero's decode tokens/s at batch 8
+against batch 1; and per context length (--context) TTFT, decode ms/token, KV-cache bytes and
+peak RSS, with peers up to --peers-max tokens (ORT GenAI's CPU attention materialises
+heads x S x S probabilities), plotted into --plot.
+
+    python benchmarks/generate.py                              # everything (tens of minutes)
+    python benchmarks/generate.py --context 512,2048 --skip-int4
+
+The harness (floors, parsing, the child protocol) is tested in
+tests/benchmarks/test_generate_harness.py; timings belong in docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAPE = dict(hidden_size=1024, num_hidden_layers=8, num_attention_heads=16,
+             num_key_value_heads=4, intermediate_size=2816, vocab_size=32000)
+THREADS = 2
+CHILD_TIMEOUT = 1800
+
+
+# -- the checkpoint --------------------------------------------------------------------------
+def make_checkpoint(folder: Path, max_positions: int) -> Path:
+    """The random Llama checkpoint and a tokenizer.json for it (written once)."""
+    if (folder / "config.json").is_file() and (folder / "tokenizer.json").is_file():
+        return folder
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    torch.manual_seed(0)
+    config = LlamaConfig(**SHAPE, max_position_embeddings=max_positions, bos_token_id=1,
+                         eos_token_id=2, tie_word_embeddings=False)
+    LlamaForCausalLM(config).eval().save_pretrained(folder)
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    vocab.update({f"t{i}": i for i in range(3, SHAPE["vocab_size"])})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                            unk_token="<unk>").save_pretrained(folder)
+    return folder
+
+
+def weight_bytes(folder: Path) -> tuple[int, int]:
+    """(bytes a decode step reads: every matrix but the embedding table, of which it reads one
+    row; matmul parameters, for the FLOP roofline)."""
+    from safetensors import safe_open
+
+    read, params = 0, 0
+    for path in folder.glob("*.safetensors"):
+        with safe_open(str(path), "np") as f:
+            for name in f.keys():
+                shape = f.get_slice(name).get_shape()
+                count = int(np.prod(shape))
+                if "embed_tokens" in name:
+                    read += shape[-1] * 4
+                    continue
+                read += count * 4
+                params += count if len(shape) == 2 else 0
+    return read, params
+
+
+# -- builds (each timed cold, in a fresh process) ---------------------------------------------
+def build_dayzero(folder: Path, out: Path, max_positions: int, int4: bool) -> float:
+    config = out.with_suffix(".yaml")
+    lines = ["generation: {kv_cache_memory: 1GiB, prefill_chunk: 512, max_batch_tokens: 2048}"]
+    if int4:
+        lines.append("quantize: {weights: int4, group_size: 32}")
+    config.write_text("\n".join(lines) + "\n")
+    return _timed_command([sys.executable, "-m", "compiler.cli", "compile", str(folder), "-o",
+                           str(out), "--seq-len", f"2:{max_positions}", "--config", str(config),
+                           "--force", "-q", "--backend-option",
+                           f"session.intra_op_threads={THREADS}"], out)
+
+
+def build_genai(folder: Path, out: Path, precision: str) -> float | None:
+    seconds = _timed_command([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i",
+                              str(folder), "-o", str(out), "-p", precision, "-e", "cpu",
+                              "-c", str(out) + ".cache"], out / "genai_config.json")
+    config_path = out / "genai_config.json"
+    config = json.loads(config_path.read_text())
+    options = config["model"]["decoder"].setdefault("session_options", {})
+    options["intra_op_num_threads"] = THREADS
+    options["inter_op_num_threads"] = 1
+    config_path.write_text(json.dumps(config, indent=2))
+    return seconds
+
+
+def _timed_command(command: list[str], product: Path) -> float:
+    if product.exists():
+        return float("nan")  # built by an earlier run: no cold time
+    start = time.perf_counter()
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=_env())
+    if result.returncode:
+        raise RuntimeError(f"{' '.join(command[:6])} failed:\n{result.stderr[-3000:]}")
+    return time.perf_counter() - start
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, OMP_NUM_THREADS=str(THREADS), PYTHONPATH=str(ROOT))
+    return env
+
+
+# -- one measurement, in a child process -----------------------------------------------------
+@dataclass
+class Result:
+    peer: str
+    context: int
+    batch: int
+    ttft_ms: float
+    decode_ms: float        # per token of one sequence
+    tokens_per_s: float     # decode tokens per second over the batch
+    kv_bytes: int
+    peak_rss: int
+
+    @classmethod
+    def parse(cls, text: str) -> Result:
+        for line in reversed(text.strip().splitlines()):
+            if line.startswith("{"):
+                return cls(**json.loads(line))
+        raise ValueError(f"no result line in: {text[-500:]}")
+
+
+def decode_figures(stamps: list[float], start: float, batch: int, new: int
+                   ) -> tuple[float, float, float]:
+    """(TTFT ms, decode ms per token of one sequence, decode tokens/s over the batch) from the
+    times each token arrived (batch * new stamps in arrival order) after `start`."""
+    stamps = sorted(stamps)
+    ttft = stamps[0] - start
+    decode_start = stamps[batch - 1]  # every sequence has its first token
+    decode_tokens = len(stamps) - batch
+    span = stamps[-1] - decode_start
+    tokens_per_s = decode_tokens / span if span > 0 else float("nan")
+    return ttft * 1e3, batch / tokens_per_s * 1e3 if tokens_per_s else float("nan"), tokens_per_s
+
+
+def prompts(batch: int, context: int, vocab: int) -> list[list[int]]:
+    rng = np.random.default_rng(context * 31 + batch)
+    return [rng.integers(3, vocab, context).tolist() for _ in range(batch)]
+
+
+def child(peer: str, path: str, context: int, new: int, batch: int) -> Result:
+    ids = prompts(batch, context, SHAPE["vocab_size"])
+    run = {"dayzero": _run_dayzero, "dayzero-int4": _run_dayzero,
+           "transformers": _run_transformers, "genai-fp32": _run_genai,
+           "genai-int4": _run_genai}[peer]
+    run(path, ids[:1], 8)  # warm up: first-call allocations and kernel selection
+    start, stamps, kv = run(path, ids, new)
+    ttft, decode, rate = decode_figures(stamps, start, batch, new)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return Result(peer, context, batch, ttft, decode, rate, kv, rss)
+
+
+_LOADED: dict[str, object] = {}
+
+
+def _run_dayzero(path: str, ids: list[list[int]], new: int):
+    import runtime
+
+    model = _LOADED.get(path) or runtime.load(path, session={"intra_op_threads": THREADS})
+    _LOADED[path] = model
+    stamps = []
+    start = time.perf_counter()
+    for _ in model.stream(ids, max_new_tokens=new, eos_token_id=[]):
+        stamps.append(time.perf_counter())
+    return start, stamps, model.stats.peak_blocks * model.runner.layout.block_bytes
+
+
+def _run_transformers(path: str, ids: list[list[int]], new: int):
+    import torch
+    from transformers import LlamaForCausalLM
+    from transformers.generation.streamers import BaseStreamer
+
+    torch.set_num_threads(THREADS)
+    model = _LOADED.get(path) or LlamaForCausalLM.from_pretrained(path).eval()
+    _LOADED[path] = model
+    stamps: list[float] = []
+
+    class Stamps(BaseStreamer):
+        seen_prompt = False
+
+        def put(self, value):
+            if self.seen_prompt:
+                stamps.extend([time.perf_counter()] * value.reshape(-1, 1).shape[0])
+            self.seen_prompt = True
+
+        def end(self):
+            pass
+
+    tensor = torch.tensor(ids)
+    start = time.perf_counter()
+    with torch.no_grad():
+        model.generate(tensor, attention_mask=torch.ones_like(tensor), max_new_tokens=new,
+                       min_new_tokens=new, do_sample=False, pad_token_id=0, streamer=Stamps())
+    cfg = model.config
+    kv = (2 * cfg.num_hidden_layers * cfg.num_key_value_heads * 4 * (len(ids[0]) + new)
+          * (cfg.hidden_size // cfg.num_attention_heads) * len(ids))
+    return start, stamps, kv
+
+
+def _run_genai(path: str, ids: list[list[int]], new: int):
+    import onnxruntime_genai as og
+
+    model = _LOADED.get(path) or og.Model(path)
+    _LOADED[path] = model
+    params = og.GeneratorParams(model)
+    length = len(ids[0]) + new
+    params.set_search_options(max_length=length, min_length=length, do_sample=False,
+                              batch_size=len(ids))
+    generator = og.Generator(model, params)
+    stamps = []
+    start = time.perf_counter()
+    generator.append_tokens(np.asarray(ids, np.int32))
+    while not generator.is_done():
+        generator.generate_next_token()
+        stamps.extend([time.perf_counter()] * len(ids))
+    cfg = json.loads((Path(path) / "genai_config.json").read_text())["model"]["decoder"]
+    kv = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * cfg["head_size"] * 4 \
+        * length * len(ids)
+    return start, stamps, kv
+
+
+def measure(peer: str, path: Path, context: int, new: int, batch: int) -> Result | str:
+    """`child` in a fresh process; a failure or timeout is returned as its reason."""
+    command = [sys.executable, __file__, "--child", peer, str(path), str(context), str(new),
+               str(batch)]
+    try:
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=_env(),
+                              timeout=CHILD_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return f"timed out after {CHILD_TIMEOUT} s"
+    if done.returncode:
+        return (done.stderr.strip().splitlines() or ["failed"])[-1][:160]
+    return Result.parse(done.stdout)
+
+
+# -- machine floors --------------------------------------------------------------------------
+def read_bandwidth(threads: int = THREADS, megabytes: int = 1024) -> float:
+    """Bytes per second `threads` threads read from a buffer far larger than the caches."""
+    data = np.ones(megabytes << 18, np.float32)
+    parts = np.array_split(data, threads)
+    for part in parts:
+        part.sum()
+
+    def best() -> float:
+        workers = [threading.Thread(target=p.sum) for p in parts]
+        start = time.perf_counter()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        return time.perf_counter() - start
+
+    return data.nbytes / min(best() for _ in range(5))
+
+
+def gemm_rate() -> float:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from peers import gemm_rate as measured
+
+    return measured(THREADS)[0]
+
+
+# -- the report ------------------------------------------------------------------------------
+def ratio_line(name: str, value: float, best: float, floor: float, factor: float,
+               floor_factor: float) -> str:
+    """`value` against the best peer and the floor: the target is met when value <= factor x
+    best or <= floor_factor x floor, whichever is larger."""
+    limit = max(factor * best, floor_factor * floor)
+    verdict = "meets" if value <= limit else "MISSES"
+    return (f"  {name}: {value:8.1f} ms = {value / best:.2f}x best peer, {value / floor:.2f}x "
+            f"floor ({floor:.1f} ms); target <= {limit:.1f} ms: {verdict}")
+
+
+def _table(rows: list[Result | tuple[str, str]]) -> str:
+    lines = [f"  {'peer':<14}{'context':>8}{'batch':>6}{'TTFT ms':>10}{'ms/token':>10}"
+             f"{'tok/s':>9}{'KV MiB':>9}{'RSS MiB':>9}"]
+    for r in rows:
+        if isinstance(r, tuple):
+            lines.append(f"  {r[0]:<14}  unavailable: {r[1]}")
+            continue
+        lines.append(f"  {r.peer:<14}{r.context:>8}{r.batch:>6}{r.ttft_ms:>10.1f}"
+                     f"{r.decode_ms:>10.2f}{r.tokens_per_s:>9.1f}{r.kv_bytes / 2**20:>9.1f}"
+                     f"{r.peak_rss / 2**20:>9.0f}")
+    return "\n".join(lines)
+
+
+def plot(results: list[Result], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    for peer in sorted({r.peer for r in results}):
+        rows = sorted((r for r in results if r.peer == peer), key=lambda r: r.context)
+        x = [r.context for r in rows]
+        axes[0].plot(x, [r.ttft_ms / 1e3 for r in rows], "o-", label=peer)
+        axes[1].plot(x, [r.decode_ms for r in rows], "o-", label=peer)
+        axes[2].plot(x, [r.peak_rss / 2**30 for r in rows], "o-", label=peer)
+    for ax, title in zip(axes, ("TTFT (s)", "decode (ms/token)", "peak RSS (GiB)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("context (tokens)")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--context", default="512,2048,8192,32768")
+    p.add_argument("--peers-max", type=int, default=8192)
+    p.add_argument("--prompt", type=int, default=128)
+    p.add_argument("--new", type=int, default=64)
+    p.add_argument("--workdir", default="/tmp/dayzero-generate-bench")
+    p.add_argument("--skip-int4", action="store_true")
+    p.add_argument("--skip-peers", action="store_true")
+    p.add_argument("--plot", default="generate-context.png")
+    p.add_argument("--child", nargs=5, metavar=("PEER", "PATH", "CONTEXT", "NEW", "BATCH"))
+    args = p.parse_args(argv)
+    if args.child:
+        peer, path, context, new, batch = args.child
+        print(json.dumps(child(peer, path, int(context), int(new), int(batch)).__dict__))
+        return 0
+    contexts = [int(c) for c in args.context.split(",")]
+    work = Path(args.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    positions = max(contexts + [args.prompt]) + args.new
+    folder = make_checkpoint(work / f"llama-150m-{positions}", positions)
+    paths = {"dayzero": work / f"dayzero-{positions}.dz",
+             "transformers": folder, "genai-fp32": work / "genai-fp32"}
+    if not args.skip_int4:
+        paths.update({"dayzero-int4": work / f"dayzero-int4-{positions}.dz",
+                      "genai-int4": work / "genai-int4"})
+    if args.skip_peers:
+        paths = {k: v for k, v in paths.items() if k.startswith("dayzero")}
+    print(f"# generation benchmark: {folder.name}, {THREADS} threads, load "
+          f"{os.getloadavg()[0]:.2f}")
+    builds = {}
+    for peer, path in paths.items():
+        try:
+            if peer.startswith("dayzero"):
+                builds[peer] = build_dayzero(folder, path, positions, peer.endswith("int4"))
+            elif peer.startswith("genai"):
+                builds[peer] = build_genai(folder, path, peer.split("-")[1])
+        except Exception as exc:  # a peer that cannot build is reported, not fatal
+            builds[peer] = str(exc).splitlines()[-1][:160]
+    for peer, seconds in builds.items():
+        print(f"  build {peer}: " + (f"{seconds:.1f} s cold" if isinstance(seconds, float)
+                                     else f"FAILED {seconds}"))
+    read, params = weight_bytes(folder)
+    bandwidth, rate = read_bandwidth(), gemm_rate()
+    floor_decode = read / bandwidth * 1e3
+    floor_ttft = 2 * params * args.prompt / rate * 1e3
+    print(f"  weights read per decode token {read / 2**20:.0f} MiB; read bandwidth "
+          f"{bandwidth / 1e9:.1f} GB/s -> decode floor {floor_decode:.1f} ms/token; GEMM "
+          f"{rate / 1e9:.0f} GFLOP/s -> prompt-{args.prompt} roofline {floor_ttft:.1f} ms")
+    usable = {k: v for k, v in paths.items() if not isinstance(builds.get(k, 0.0), str)}
+
+    print(f"\n## prompt {args.prompt}, {args.new} new tokens, batch 1")
+    main_rows = {peer: measure(peer, path, args.prompt, args.new, 1)
+                 for peer, path in usable.items()}
+    print(_table([r if isinstance(r, Result) else (k, r) for k, r in main_rows.items()]))
+    for precision, ours, peers, factor in (("fp32", "dayzero", ("transformers", "genai-fp32"),
+                                            0.9), ("int4", "dayzero-int4", ("genai-int4",), 0.9)):
+        mine = main_rows.get(ours)
+        theirs = [main_rows[p] for p in peers if isinstance(main_rows.get(p), Result)]
+        if not isinstance(mine, Result) or not theirs:
+            continue
+        best_decode = min(r.decode_ms for r in theirs)
+        best_ttft = min(r.ttft_ms for r in theirs)
+        floor = floor_decode / (8 if precision == "int4" else 1)
+        print(f"{precision}:")
+        print(ratio_line("decode ms/token", mine.decode_ms, best_decode, floor, factor,
+                         1.1 if precision == "fp32" else 0))
+        if precision == "fp32":
+            print(ratio_line("TTFT", mine.ttft_ms, best_ttft, floor_ttft, 0.9, 1.2))
+    if isinstance(main_rows.get("dayzero"), Result):
+        batch8 = measure("dayzero", paths["dayzero"], args.prompt, args.new, 8)
+        if isinstance(batch8, Result):
+            one = main_rows["dayzero"].tokens_per_s
+            print(f"\n## batch 8: {batch8.tokens_per_s:.1f} decode tokens/s = "
+                  f"{batch8.tokens_per_s / one:.2f}x batch 1 ({one:.1f}); target >= 5x: "
+                  f"{'meets' if batch8.tokens_per_s >= 5 * one else 'MISSES'}")
+            print(_table([batch8]))
+
+    print("\n## long context (batch 1)")
+    results: list[Result] = []
+    rows: list[Result | tuple[str, str]] = []
+    for context in contexts:
+        for peer in ("dayzero", "transformers", "genai-fp32"):
+            if peer not in usable or (peer != "dayzero" and context > args.peers_max):
+                continue
+            got = measure(peer, usable[peer], context, args.new, 1)
+            rows.append(got if isinstance(got, Result) else (f"{peer}@{context}", got))
+            if isinstance(got, Result):
+                results.append(got)
+    print(_table(rows))
+    if results and args.plot:
+        plot(results, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

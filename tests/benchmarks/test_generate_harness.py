@@ -1,0 +1,74 @@
+"""benchmarks/generate.py's bookkeeping (not its timings): token stamps to TTFT and decode
+rates, the target verdicts, the child's result line, prompts and the decode weight bytes."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_generate",
+                                                  ROOT / "benchmarks" / "generate.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(spec.name, None)
+
+
+def test_decode_figures_split_the_first_token_from_the_decode_rate(bench):
+    # batch 1: first token at 0.5 s, then one every 20 ms
+    stamps = [10.5 + 0.02 * i for i in range(5)]
+    ttft, per_token, rate = bench.decode_figures(stamps, 10.0, 1, 5)
+    assert ttft == pytest.approx(500) and per_token == pytest.approx(20)
+    assert rate == pytest.approx(50)
+    # batch 2: both first tokens by 0.6 s; then each step gives two tokens every 25 ms
+    stamps = [10.5, 10.6] + [10.6 + 0.025 * (i // 2 + 1) for i in range(6)]
+    ttft, per_token, rate = bench.decode_figures(stamps, 10.0, 2, 4)
+    assert ttft == pytest.approx(500) and rate == pytest.approx(80)
+    assert per_token == pytest.approx(25)
+
+
+def test_a_target_is_met_against_the_larger_of_peer_and_floor(bench):
+    assert "meets" in bench.ratio_line("decode", 19.0, 24.0, 20.0, 0.9, 1.1)   # 0.79x peer
+    assert "meets" in bench.ratio_line("decode", 21.0, 20.0, 20.0, 0.9, 1.1)   # 1.05x floor
+    line = bench.ratio_line("decode", 30.0, 24.0, 20.0, 0.9, 1.1)
+    assert "MISSES" in line and "1.25x best peer" in line and "1.50x floor" in line
+
+
+def test_the_child_result_line_round_trips(bench):
+    result = bench.Result("dayzero", 512, 1, 100.0, 20.0, 50.0, 1 << 20, 1 << 30)
+    import json
+
+    text = "log line\n" + json.dumps(result.__dict__) + "\n"
+    assert bench.Result.parse(text) == result
+    with pytest.raises(ValueError, match="no result line"):
+        bench.Result.parse("Traceback ...\n")
+
+
+def test_prompts_are_reproducible_and_avoid_special_tokens(bench):
+    a = bench.prompts(3, 16, 100)
+    assert a == bench.prompts(3, 16, 100) and len(a) == 3 and len(a[0]) == 16
+    assert min(min(p) for p in a) >= 3 and a[0] != a[1]
+
+
+def test_decode_reads_every_matrix_but_one_embedding_row(bench, tmp_path):
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    save_file({"model.embed_tokens.weight": np.zeros((100, 8), np.float32),
+               "model.layers.0.mlp.up_proj.weight": np.zeros((16, 8), np.float32),
+               "model.norm.weight": np.zeros(8, np.float32),
+               "lm_head.weight": np.zeros((100, 8), np.float32)}, tmp_path / "m.safetensors")
+    read, params = bench.weight_bytes(tmp_path)
+    assert read == (8 + 16 * 8 + 8 + 100 * 8) * 4
+    assert params == 16 * 8 + 100 * 8
