@@ -368,6 +368,33 @@ def test_a_data_dependent_size_is_reported_once_with_the_op_that_makes_it():
     assert "1 problem(s)" in info.value.what and "needed by aten.sym_size.int" in info.value.what
 
 
+class MaskedLayer(torch.nn.Module):
+    def forward(self, x):
+        return x + x[x > 0].sum()  # boolean-mask indexing: a data-dependent size per call
+
+
+class MaskedLayers(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(MaskedLayer() for _ in range(4))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_one_line_run_by_every_layer_is_one_problem_with_its_occurrences():
+    """Four layers run the same unsupported line: one problem seen 4 times, not one for the
+    first layer plus a data-dependent size for each later one."""
+    with pytest.raises(UnsupportedOpsError) as info:
+        compiler.export(MaskedLayers(), (x34,))
+    assert len(info.value.ops) == 1 and "1 problem(s)" in info.value.what
+    assert next(iter(info.value.ops)).startswith("aten.index.Tensor (boolean-mask indexing")
+    line = line_of("return x + x[x > 0].sum()")
+    assert re.search(rf"4 times, first at \S*{THIS_FILE}:{line} ", info.value.what)
+
+
 def test_failed_converters_are_collected_with_the_missing_ops(monkeypatch):
     """A converter bug stays an internal error, but it no longer hides what else is missing:
     every failure and every missing op comes out in one message (and in coverage's table)."""
