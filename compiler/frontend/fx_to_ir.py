@@ -222,8 +222,10 @@ class FxConverter:
             self.emitter.finish(result)
             self.check(node, name, loc, result)
         except (Unsupported, UnsupportedSymbol) as exc:
+            self.emitter.abandon()
             return self.report_unsupported(node, name, exc)
         except (ConversionError, ShapeError, TypeError, ValueError, KeyError, IndexError) as exc:
+            self.emitter.abandon()
             # a converter bug: collected like a missing op so that every problem of the model
             # is listed at once (and coverage still prints its table)
             what = str(exc) if isinstance(exc, ConversionError) else \

@@ -141,6 +141,24 @@ def test_partial_export_matches_export_when_everything_converts():
     assert print_ir(graph) == print_ir(parse_ir(print_ir(graph)))
 
 
+def test_a_failed_converter_is_a_row_of_the_table(monkeypatch, capsys):
+    """A converter bug (here: a type torch disagrees with, as cumsum(dtype=int32) once gave) is
+    listed like a missing op instead of crashing coverage, and the nodes it made before it
+    failed are not counted as the model's."""
+    from compiler.frontend.aten import CONVERTERS
+
+    monkeypatch.setitem(CONVERTERS, "aten.layer_norm.default",
+                        lambda em, a: em.op("sum", a["input"], dims=[0]))
+    assert main(["coverage", MLP, "--backend", "onnxruntime"]) == 1
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in out.splitlines()[1:] if line and line[0] != " "}
+    assert "sum" not in rows and rows["linear"].split()[2] == "3"
+    row = rows["aten.layer_norm.default"]
+    assert "(converter error: IR value %layer_norm has type f32[64] but torch computed " \
+           "f32[s0, 64])" in row and "MISSING" in row
+    assert "coverage onnxruntime: 2/3 ops" in out
+
+
 def test_unknown_backend_is_an_error(capsys):
     assert main(["coverage", MLP, "--backend", "nosuch"]) == 1
     assert "unknown backend 'nosuch'" in capsys.readouterr().err
