@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -157,6 +158,29 @@ def test_a_failed_converter_is_a_row_of_the_table(monkeypatch, capsys):
     assert "(converter error: IR value %layer_norm has type f32[64] but torch computed " \
            "f32[s0, 64])" in row and "MISSING" in row
     assert "coverage onnxruntime: 2/3 ops" in out
+
+
+def test_a_line_every_layer_runs_is_one_row_counted_per_occurrence(tmp_path, capsys):
+    """Boolean-mask indexing in each of 4 layers: one row, count 4 (not one row per layer's
+    data-dependent size, nor the 16 nodes those sizes stopped)."""
+    spec = tmp_path / "masked.py"
+    spec.write_text(textwrap.dedent("""\
+        import torch
+
+        class Layer(torch.nn.Module):
+            def forward(self, x):
+                return x + x[x > 0].sum()
+
+        def build():
+            model = torch.nn.Sequential(*(Layer() for _ in range(4)))
+            return model, (torch.randn(3, 4),), None
+        """))
+    assert main(["coverage", f"{spec}:build", "--backend", "onnxruntime"]) == 1
+    out = capsys.readouterr().out
+    rows = [line.split("  ") for line in out.splitlines()[1:] if line.startswith("aten.")]
+    assert len(rows) == 1 and rows[0][0].startswith("aten.index.Tensor (boolean-mask")
+    assert [c.strip() for c in rows[0] if c.strip()][1:3] == ["unconverted", "4"]
+    assert "data-dependent size u" not in out
 
 
 def test_unknown_backend_is_an_error(capsys):
