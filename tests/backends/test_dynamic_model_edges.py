@@ -1,7 +1,8 @@
 """Models compiled end to end on the onnxruntime and reference backends and compared with torch
 eager, for the lowerings that once went wrong silently or did not compile: a slice counted from
-the end of a dynamic dim (XLM and FlauBERT's `mask[:, -slen:]` came back empty, typed [1, s0, 4])
-and a cumsum with an explicit int32 dtype (as MoE routers count tokens per expert)."""
+the end of a dynamic dim (XLM and FlauBERT's `mask[:, -slen:]` came back empty, typed
+[1, s0, 4]), an assignment to one (`buf[:, -slen:] = x`, the same start in slice_scatter) and a
+cumsum with an explicit int32 dtype (as MoE routers count tokens per expert)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,17 @@ class LastPositions(torch.nn.Module):
         return whole[:, -x.shape[1]:] * 2 + x
 
 
+class AssignLast(torch.nn.Module):
+    """Slice assignments whose start counts from the end of a dynamic dim."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        buf = torch.cat([x * 0, x * 0 + 1], dim=1)
+        buf[:, -x.shape[1]:] = x
+        out = buf * 2
+        out[:, -x.shape[1]:-1] = 5.0
+        return out
+
+
 class CountPerColumn(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.cumsum(x, dim=0, dtype=torch.int32), torch.cumsum(x > 2, dim=1)
@@ -57,6 +69,17 @@ def test_slice_from_the_end_of_a_dynamic_dim_matches_eager(tmp_path, backend):
             want = model(x).numpy()
         assert got.shape == (1, n, 4)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_slice_assignment_from_the_end_of_a_dynamic_dim_matches_eager(tmp_path, backend):
+    model = AssignLast()
+    seq = Dim("seq", min=3, max=16)
+    m = _compile(model, (torch.randn(1, 5, 4),), tmp_path / "m.dz", backend,
+                 dynamic_shapes=({1: seq},))
+    for n in (3, 8):
+        x = torch.randn(1, n, 4, generator=torch.Generator().manual_seed(n))
+        np.testing.assert_allclose(m(x)[0], model(x).numpy(), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
