@@ -220,21 +220,22 @@ class FxConverter:
         try:
             result = converter(self.emitter, args)
             self.emitter.finish(result)
-            self.check(node, name, loc, result)
+            self.check(node, result)
         except (Unsupported, UnsupportedSymbol) as exc:
             self.emitter.abandon()
             return self.report_unsupported(node, name, exc)
         except (ConversionError, ShapeError, TypeError, ValueError, KeyError, IndexError) as exc:
             self.emitter.abandon()
-            # a converter bug: collected like a missing op so that every problem of the model
-            # is listed at once (and coverage still prints its table)
-            what = str(exc) if isinstance(exc, ConversionError) else \
-                f"converting {name} at {loc.describe()}: {type(exc).__name__}: {exc}"
-            return self.report(node, what, name, into=self.errors)
+            # a converter bug: collected like a missing op, in rows like a missing op's, so that
+            # every problem of the model is listed at once (and coverage still prints its table)
+            reason = str(exc) if isinstance(exc, ConversionError) else \
+                f"{type(exc).__name__}: {exc}"
+            return self.report(node, f"{name} (converter error: {reason})", name,
+                               into=self.errors)
         return result
 
     # -- cross-check against torch ----------------------------------------------------------------
-    def check(self, node: FxNode, name: str, loc: Location, result: Any) -> None:
+    def check(self, node: FxNode, result: Any) -> None:
         val = node.meta.get("val")
         if result is None or val is None:
             return
@@ -245,9 +246,8 @@ class FxConverter:
             want = TensorType(ir_dtype(expected.dtype),
                               tuple(self.symbols.expr(d) for d in expected.shape))
             if not self.same_type(value.type, want):
-                raise ConversionError(
-                    f"converting {name} at {loc.describe()}: IR value %{value.name} has type "
-                    f"{value.type} but torch computed {want}")
+                raise ConversionError(f"IR value %{value.name} has type {value.type} but torch "
+                                      f"computed {want}")
 
     def same_type(self, got: TensorType, want: TensorType) -> bool:
         if got.dtype != want.dtype or got.rank != want.rank:
@@ -305,22 +305,30 @@ def _affected(m: _Missing, name: str) -> str:
     return f" (needed by {shown})"
 
 
+def _rows(table: dict[str, _Missing]) -> list[str]:
+    """One line per cause: its name, the nodes it stopped, where it occurs first, what needs it."""
+    width = max(len(name) for name in table)
+    return [f"  {name:<{width}}  x{m.count:<3} {m.where()}{_affected(m, name)}"
+            for name, m in table.items()]
+
+
 def conversion_error(errors: dict[str, _Missing],
                      missing: dict[str, _Missing]) -> ConversionError:
-    """Every converter that failed (an internal error: a bug in dayzero), with the ops that are
-    merely missing listed after them."""
-    lines = [f"{what} (x{m.count})" for what, m in errors.items()]
+    """Every converter that failed (an internal error: a bug in dayzero), in the rows of the
+    unsupported-op report, with the ops that are merely missing listed after them."""
+    total = sum(m.count for m in errors.values())
+    lines = [f"{len(errors)} converter failure(s) on {total} node(s): an internal error, a bug "
+             "in dayzero (please report it with the model)", *_rows(errors)]
     if missing:
-        lines.append("also missing: " + ", ".join(missing))
+        lines += ["also missing (ops with no dayzero IR equivalent, or sizes the IR cannot hold):",
+                  *_rows(missing)]
     return ConversionError("\n".join(lines))
 
 
 def unsupported_error(missing: dict[str, _Missing], model_name: str) -> UnsupportedOpsError:
     """One error listing every cause of failure (an op the IR lacks, a data-dependent size),
     with node counts and first source lines."""
-    width = max(len(name) for name in missing)
-    lines = [f"  {name:<{width}}  x{m.count:<3} {m.where()}{_affected(m, name)}"
-             for name, m in missing.items()]
+    lines = _rows(missing)
     total = sum(m.count for m in missing.values())
     return UnsupportedOpsError(
         f"{len(missing)} problem(s) stop the conversion of {total} node(s): ops with no dayzero IR "

@@ -49,9 +49,7 @@ def export_partial(model: torch.nn.Module, example_inputs: tuple,
                             exc) from exc
     drop_data_checks(program)
     graph, converter = convert_program(program, model)
-    errors = {f"{entry.ops[0]} (converter error: {what.split(': ', 1)[-1]})": entry
-              for what, entry in converter.errors.items()}
-    return PartialExport(graph, _missing({**converter.missing, **errors}))
+    return PartialExport(graph, _missing({**converter.missing, **converter.errors}))
 
 
 def _missing(collected: Mapping[str, object]) -> list[MissingOp]:

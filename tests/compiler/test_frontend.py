@@ -350,7 +350,9 @@ def test_type_mismatch_is_an_internal_error(monkeypatch):
 
     monkeypatch.setitem(CONVERTERS, "aten.relu.default",
                         lambda em, a: em.op("sum", a["self"], dims=[0]))
-    with pytest.raises(ConversionError, match=r"aten.relu.default at .*test_frontend.py:\d+"):
+    with pytest.raises(ConversionError, match=r"aten.relu.default \(converter error: IR value "
+                       r"%relu has type f32\[4\] but torch computed f32\[3, 4\]\) +x1 +first at "
+                       r".*test_frontend.py:\d+"):
         compiler.export(Fn(lambda m, x: torch.relu(x)), (x34,))
 
 
@@ -409,10 +411,11 @@ def test_failed_converters_are_collected_with_the_missing_ops(monkeypatch):
     model = Fn(lambda m, x: (torch.relu(x), torch.relu(x + 1), torch.exp(x)))
     with pytest.raises(ConversionError) as info:
         compiler.export(model, (x34,))
-    first, *rest = str(info.value).splitlines()
-    assert re.match(r"converting aten.relu.default at .*test_frontend.py:\d+ .*TypeError: a bug "
-                    r"\(x2\)", first)
-    assert rest == ["also missing: aten.exp.default"]
+    head, error, also, missing_row = str(info.value).splitlines()
+    assert head.startswith("1 converter failure(s) on 2 node(s): an internal error")
+    assert re.match(r"  aten.relu.default \(converter error: TypeError: a bug\)  x2 +2 times, "
+                    r"first at .*test_frontend.py:\d+", error)
+    assert also.startswith("also missing") and missing_row.split()[:2] == ["aten.exp.default", "x1"]
     missing = {m.name: m.count for m in export_partial(model, (x34,)).missing}
     assert missing == {"aten.exp.default": 1,
                        "aten.relu.default (converter error: TypeError: a bug)": 2}
