@@ -37,9 +37,12 @@ from .symdims import symbol_sources
 OPSET = 21
 IR_VERSION = 10
 CONTRIB_DOMAINS = {"com.microsoft": 1}
-# Integer weights this small are stored inline in model.onnx, not as external data (_initializer).
-SMALL_INLINE_DTYPES = frozenset({DType.i64, DType.i32, DType.i16, DType.i8, DType.u8})
-SMALL_INLINE_ELEMENTS = 64
+# Weights up to this many elements are stored inline in model.onnx, not as external data
+# (_initializer): integers and bools, which shape inference reads as data, up to 64; scalars and
+# tiny vectors of the float types numpy holds (an epsilon, a scale) up to 8. Other dtypes: never.
+INLINE_ELEMENTS = {**dict.fromkeys((DType.i64, DType.i32, DType.i16, DType.i8, DType.u8,
+                                    DType.bool), 64),
+                   **dict.fromkeys((DType.f64, DType.f32, DType.f16), 8)}
 
 
 # numpy has no bfloat16 or float8 and ORT's Python API cannot return them, so graph inputs and
@@ -180,17 +183,20 @@ def _value_info(name: str, type) -> onnx.ValueInfoProto:
 
 
 def _initializer(name: str, graph: Graph, weights: Mapping[str, WeightLocation]) -> TensorProto:
-    """A weight's initializer: inline when it is a small integer constant, else external data.
+    """A weight's initializer: inline when it has at most `INLINE_ELEMENTS` elements, else
+    external data.
 
     Small integer weights (a lifted index like Falcon's `[-1]`) are what ORT's shape inference
     reads as data: ConstantSharing merges equal constants, so a Slice's inline `axes` [-1] can
     end up reading an external weight, and shape inference cannot read external data (the load
-    fails: "Cannot parse data from external tensors"). Inline, their bytes are also in model.onnx
-    (a few bytes; the safetensors file keeps its copy).
+    fails: "Cannot parse data from external tensors"). A float scalar can be merged the same way
+    with a constant an optimizer reads (an epsilon, a Range's delta), so any tiny constant stays
+    inline. Inline, their bytes are also in model.onnx (a few bytes; the safetensors file keeps
+    its copy).
     """
     value, data = graph.weights[name], graph.weight_data.get(name)
     count = math.prod(int(d) for d in value.type.shape)
-    if value.type.dtype in SMALL_INLINE_DTYPES and count <= SMALL_INLINE_ELEMENTS:
+    if count <= INLINE_ELEMENTS.get(value.type.dtype, -1):
         if hasattr(data, "detach"):  # a torch tensor
             data = data.detach().cpu().numpy()
         if isinstance(data, np.ndarray):  # (a checkpoint's lazy handle stays external)

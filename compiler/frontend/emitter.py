@@ -58,6 +58,14 @@ class AtenEmitter:
             else:
                 value.name = self.graph.fresh_name(f"{self.hint}_{index[id(value)]}")
 
+    def abandon(self) -> None:
+        """Take out the nodes a failed converter made before it failed: the partial export
+        (coverage's table) counts the graph's ops, and those half-built nodes are not the
+        model's."""
+        made = dict.fromkeys(v.producer for _, v in self.created if v.producer is not None)
+        self.graph.remove_nodes(made)
+        self.created = []
+
     # -- what torch computed for the current node ------------------------------------------------
     def _out(self, index: int) -> torch.Tensor:
         val = self.val[index] if isinstance(self.val, (tuple, list)) else self.val

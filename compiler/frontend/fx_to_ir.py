@@ -53,11 +53,18 @@ class _Missing:
     count: int
     first: Location
     ops: list[str] = field(default_factory=list)
+    occurrences: int = 0  # nodes of the op that makes the problem (one per layer of a loop)
 
     def add(self, op: str) -> None:
         self.count += 1
         if op not in self.ops:
             self.ops.append(op)
+        self.occurrences += op == self.ops[0]
+
+    def where(self) -> str:
+        """`first at file:line (code)`, with how often the problem occurs when more than once."""
+        times = f"{self.occurrences} times, " if self.occurrences > 1 else ""
+        return f"{times}first at {self.first.describe()}"
 
 
 def op_name(target: Any) -> str:
@@ -98,6 +105,9 @@ class FxConverter:
         self.errors: dict[str, _Missing] = {}  # converters that failed: dayzero's own bugs
         # unbacked size symbol -> the reported cause (and its table) whose result it sizes
         self.size_causes: dict[str, tuple[str, dict[str, _Missing]]] = {}
+        # (op, source line) -> the cause reported there first: a loop over layers runs one line
+        # many times, and each run is another occurrence of the same problem, not a new one
+        self.sites: dict[tuple[str, Location], tuple[str, dict[str, _Missing]]] = {}
         self.last_loc = fallback
 
     # -- driving --------------------------------------------------------------------------------
@@ -119,8 +129,12 @@ class FxConverter:
         """Record an unsupported node under its cause `what` (in `missing`, or `into`); stand in
         for its result so later nodes still get checked."""
         table = self.missing if into is None else into
-        entry = table.setdefault(what, _Missing(0, self.location(node)))
-        entry.add(op or what)
+        op, loc = op or what, self.location(node)
+        known = self.sites.setdefault((op, loc), (what, table))
+        if known[1] is table:  # the same op at the same line: counted under its first reason
+            what = known[0]
+        entry = table.setdefault(what, _Missing(0, loc))
+        entry.add(op)
         for sym in _unbacked_symbols(node.meta.get("val")):  # sizes only this node could give
             self.size_causes.setdefault(sym, (what, table))
         return self.placeholder_for(node.meta.get("val"))
@@ -162,8 +176,18 @@ class FxConverter:
             return self.report(node, name)
         args = self.lookup((node.args, node.kwargs))
         if _contains_missing(args):
-            return MISSING
+            return self.blocked(node, name)
         return self.convert(node, name, converter, bind_arguments(node.target, *args))
+
+    def blocked(self, node: FxNode, name: str) -> Any:
+        """A node stopped by a problem upstream is not converted. Where the same op at the same
+        line was reported already (the next layer of a loop), it is one more occurrence of that
+        problem, and the data-dependent sizes it makes are that problem's too: otherwise every
+        later layer's size would be reported as a problem of its own."""
+        known = self.sites.get((name, self.location(node)))
+        if known is None:
+            return MISSING
+        return self.report(node, known[0], name, into=known[1])
 
     def lookup(self, arg: Any) -> Any:
         if isinstance(arg, FxNode):
@@ -196,19 +220,22 @@ class FxConverter:
         try:
             result = converter(self.emitter, args)
             self.emitter.finish(result)
-            self.check(node, name, loc, result)
+            self.check(node, result)
         except (Unsupported, UnsupportedSymbol) as exc:
+            self.emitter.abandon()
             return self.report_unsupported(node, name, exc)
         except (ConversionError, ShapeError, TypeError, ValueError, KeyError, IndexError) as exc:
-            # a converter bug: collected like a missing op so that every problem of the model
-            # is listed at once (and coverage still prints its table)
-            what = str(exc) if isinstance(exc, ConversionError) else \
-                f"converting {name} at {loc.describe()}: {type(exc).__name__}: {exc}"
-            return self.report(node, what, name, into=self.errors)
+            self.emitter.abandon()
+            # a converter bug: collected like a missing op, in rows like a missing op's, so that
+            # every problem of the model is listed at once (and coverage still prints its table)
+            reason = str(exc) if isinstance(exc, ConversionError) else \
+                f"{type(exc).__name__}: {exc}"
+            return self.report(node, f"{name} (converter error: {reason})", name,
+                               into=self.errors)
         return result
 
     # -- cross-check against torch ----------------------------------------------------------------
-    def check(self, node: FxNode, name: str, loc: Location, result: Any) -> None:
+    def check(self, node: FxNode, result: Any) -> None:
         val = node.meta.get("val")
         if result is None or val is None:
             return
@@ -219,9 +246,8 @@ class FxConverter:
             want = TensorType(ir_dtype(expected.dtype),
                               tuple(self.symbols.expr(d) for d in expected.shape))
             if not self.same_type(value.type, want):
-                raise ConversionError(
-                    f"converting {name} at {loc.describe()}: IR value %{value.name} has type "
-                    f"{value.type} but torch computed {want}")
+                raise ConversionError(f"IR value %{value.name} has type {value.type} but torch "
+                                      f"computed {want}")
 
     def same_type(self, got: TensorType, want: TensorType) -> bool:
         if got.dtype != want.dtype or got.rank != want.rank:
@@ -279,22 +305,30 @@ def _affected(m: _Missing, name: str) -> str:
     return f" (needed by {shown})"
 
 
+def _rows(table: dict[str, _Missing]) -> list[str]:
+    """One line per cause: its name, the nodes it stopped, where it occurs first, what needs it."""
+    width = max(len(name) for name in table)
+    return [f"  {name:<{width}}  x{m.count:<3} {m.where()}{_affected(m, name)}"
+            for name, m in table.items()]
+
+
 def conversion_error(errors: dict[str, _Missing],
                      missing: dict[str, _Missing]) -> ConversionError:
-    """Every converter that failed (an internal error: a bug in dayzero), with the ops that are
-    merely missing listed after them."""
-    lines = [f"{what} (x{m.count})" for what, m in errors.items()]
+    """Every converter that failed (an internal error: a bug in dayzero), in the rows of the
+    unsupported-op report, with the ops that are merely missing listed after them."""
+    total = sum(m.count for m in errors.values())
+    lines = [f"{len(errors)} converter failure(s) on {total} node(s): an internal error, a bug "
+             "in dayzero (please report it with the model)", *_rows(errors)]
     if missing:
-        lines.append("also missing: " + ", ".join(missing))
+        lines += ["also missing (ops with no dayzero IR equivalent, or sizes the IR cannot hold):",
+                  *_rows(missing)]
     return ConversionError("\n".join(lines))
 
 
 def unsupported_error(missing: dict[str, _Missing], model_name: str) -> UnsupportedOpsError:
     """One error listing every cause of failure (an op the IR lacks, a data-dependent size),
     with node counts and first source lines."""
-    width = max(len(name) for name in missing)
-    lines = [f"  {name:<{width}}  x{m.count:<3} first at {m.first.describe()}{_affected(m, name)}"
-             for name, m in missing.items()]
+    lines = _rows(missing)
     total = sum(m.count for m in missing.values())
     return UnsupportedOpsError(
         f"{len(missing)} problem(s) stop the conversion of {total} node(s): ops with no dayzero IR "

@@ -350,7 +350,9 @@ def test_type_mismatch_is_an_internal_error(monkeypatch):
 
     monkeypatch.setitem(CONVERTERS, "aten.relu.default",
                         lambda em, a: em.op("sum", a["self"], dims=[0]))
-    with pytest.raises(ConversionError, match=r"aten.relu.default at .*test_frontend.py:\d+"):
+    with pytest.raises(ConversionError, match=r"aten.relu.default \(converter error: IR value "
+                       r"%relu has type f32\[4\] but torch computed f32\[3, 4\]\) +x1 +first at "
+                       r".*test_frontend.py:\d+"):
         compiler.export(Fn(lambda m, x: torch.relu(x)), (x34,))
 
 
@@ -368,6 +370,33 @@ def test_a_data_dependent_size_is_reported_once_with_the_op_that_makes_it():
     assert "1 problem(s)" in info.value.what and "needed by aten.sym_size.int" in info.value.what
 
 
+class MaskedLayer(torch.nn.Module):
+    def forward(self, x):
+        return x + x[x > 0].sum()  # boolean-mask indexing: a data-dependent size per call
+
+
+class MaskedLayers(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(MaskedLayer() for _ in range(4))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_one_line_run_by_every_layer_is_one_problem_with_its_occurrences():
+    """Four layers run the same unsupported line: one problem seen 4 times, not one for the
+    first layer plus a data-dependent size for each later one."""
+    with pytest.raises(UnsupportedOpsError) as info:
+        compiler.export(MaskedLayers(), (x34,))
+    assert len(info.value.ops) == 1 and "1 problem(s)" in info.value.what
+    assert next(iter(info.value.ops)).startswith("aten.index.Tensor (boolean-mask indexing")
+    line = line_of("return x + x[x > 0].sum()")
+    assert re.search(rf"4 times, first at \S*{THIS_FILE}:{line} ", info.value.what)
+
+
 def test_failed_converters_are_collected_with_the_missing_ops(monkeypatch):
     """A converter bug stays an internal error, but it no longer hides what else is missing:
     every failure and every missing op comes out in one message (and in coverage's table)."""
@@ -382,10 +411,11 @@ def test_failed_converters_are_collected_with_the_missing_ops(monkeypatch):
     model = Fn(lambda m, x: (torch.relu(x), torch.relu(x + 1), torch.exp(x)))
     with pytest.raises(ConversionError) as info:
         compiler.export(model, (x34,))
-    first, *rest = str(info.value).splitlines()
-    assert re.match(r"converting aten.relu.default at .*test_frontend.py:\d+ .*TypeError: a bug "
-                    r"\(x2\)", first)
-    assert rest == ["also missing: aten.exp.default"]
+    head, error, also, missing_row = str(info.value).splitlines()
+    assert head.startswith("1 converter failure(s) on 2 node(s): an internal error")
+    assert re.match(r"  aten.relu.default \(converter error: TypeError: a bug\)  x2 +2 times, "
+                    r"first at .*test_frontend.py:\d+", error)
+    assert also.startswith("also missing") and missing_row.split()[:2] == ["aten.exp.default", "x1"]
     missing = {m.name: m.count for m in export_partial(model, (x34,)).missing}
     assert missing == {"aten.exp.default": 1,
                        "aten.relu.default (converter error: TypeError: a bug)": 2}

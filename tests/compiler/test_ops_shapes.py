@@ -161,6 +161,10 @@ CASES = [
     ("slice_sym_open_end", "slice", [f32(S0 + 3, 4)], {"dim": 0, "start": 2, "end": BIG}),
     ("slice_sym_negative_start", "slice", [f32(S0 + 3, 4)], {"dim": 0, "start": -2, "end": BIG}),
     ("slice_sym_negative_end", "slice", [f32(4, S0 + 3)], {"dim": 1, "start": 1, "end": -1}),
+    # a symbolic start that counts from the end: XLM's mask[:, -slen:]
+    ("slice_sym_from_the_end", "slice", [f32(1, 2 * S0, 4)], {"dim": 1, "start": -S0, "end": BIG}),
+    ("slice_sym_from_the_end_to_zero", "slice", [f32(1, S0, 4)],
+     {"dim": 1, "start": -S0, "end": 0}),
     ("select", "select", [f32(2, 3, 4)], {"dim": 1, "index": -1}),
     ("select_sym", "select", [f32(S0, 3)], {"dim": 0, "index": 0}),
     # -- data movement, indexing --

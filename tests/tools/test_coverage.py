@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -139,6 +140,47 @@ def test_partial_export_matches_export_when_everything_converts():
     graph = export(module, inputs, dynamic_shapes=dynamic)
     assert [(n.op, n.loc) for n in partial.graph.nodes] == [(n.op, n.loc) for n in graph.nodes]
     assert print_ir(graph) == print_ir(parse_ir(print_ir(graph)))
+
+
+def test_a_failed_converter_is_a_row_of_the_table(monkeypatch, capsys):
+    """A converter bug (here: a type torch disagrees with, as cumsum(dtype=int32) once gave) is
+    listed like a missing op instead of crashing coverage, and the nodes it made before it
+    failed are not counted as the model's."""
+    from compiler.frontend.aten import CONVERTERS
+
+    monkeypatch.setitem(CONVERTERS, "aten.layer_norm.default",
+                        lambda em, a: em.op("sum", a["input"], dims=[0]))
+    assert main(["coverage", MLP, "--backend", "onnxruntime"]) == 1
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in out.splitlines()[1:] if line and line[0] != " "}
+    assert "sum" not in rows and rows["linear"].split()[2] == "3"
+    row = rows["aten.layer_norm.default"]
+    assert "(converter error: IR value %layer_norm has type f32[64] but torch computed " \
+           "f32[s0, 64])" in row and "MISSING" in row
+    assert "coverage onnxruntime: 2/3 ops" in out
+
+
+def test_a_line_every_layer_runs_is_one_row_counted_per_occurrence(tmp_path, capsys):
+    """Boolean-mask indexing in each of 4 layers: one row, count 4 (not one row per layer's
+    data-dependent size, nor the 16 nodes those sizes stopped)."""
+    spec = tmp_path / "masked.py"
+    spec.write_text(textwrap.dedent("""\
+        import torch
+
+        class Layer(torch.nn.Module):
+            def forward(self, x):
+                return x + x[x > 0].sum()
+
+        def build():
+            model = torch.nn.Sequential(*(Layer() for _ in range(4)))
+            return model, (torch.randn(3, 4),), None
+        """))
+    assert main(["coverage", f"{spec}:build", "--backend", "onnxruntime"]) == 1
+    out = capsys.readouterr().out
+    rows = [line.split("  ") for line in out.splitlines()[1:] if line.startswith("aten.")]
+    assert len(rows) == 1 and rows[0][0].startswith("aten.index.Tensor (boolean-mask")
+    assert [c.strip() for c in rows[0] if c.strip()][1:3] == ["unconverted", "4"]
+    assert "data-dependent size u" not in out
 
 
 def test_unknown_backend_is_an_error(capsys):

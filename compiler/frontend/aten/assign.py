@@ -7,42 +7,34 @@ one boolean mask and a single value is a `where`, the form attention-mask code t
 
 from __future__ import annotations
 
+import sympy
+
 from compiler.ir import DType
-from compiler.ir.symbolic import normalize
+from compiler.ir.symbolic import equal, normalize
 
 from ..emitter import AtenEmitter, Unsupported
+from .shape import slice_start
 from .table import converts
-
-_HUGE = 2**62  # ATen writes "to the end" as INT64_MAX
-
-
-def _bound(i, size, default):
-    """A start/end as a dim in [0, size]: None -> default, negatives from the end, clamped."""
-    if i is None:
-        return default
-    if isinstance(i, int) and i >= _HUGE:
-        return size
-    if isinstance(i, int) and i < 0:
-        i = size + i
-        return max(i, 0) if isinstance(i, int) else normalize(i)
-    if isinstance(i, int) and isinstance(size, int):
-        return min(i, size)
-    return i
 
 
 @converts("slice_scatter.default", ir="slice, concat")
 def _slice_scatter(em: AtenEmitter, a):
+    """The start as a slice takes it (negatives from the end of the dim, symbolic ones too, then
+    clamped: `buf[:, -x.shape[1]:] = x`), the end as start + the length of `src`, which torch
+    computed: an end counted from the end or past it needs no rule of its own."""
     x, src = a["self"], em.cast(a["src"], em.out_dtype())
     if a["step"] != 1:
         raise Unsupported("slice assignment with a step other than 1")
     dim = a["dim"] % max(x.type.rank, 1)
     size = x.shape[dim]
-    start, end = _bound(a["start"], size, 0), _bound(a["end"], size, size)
+    start = slice_start(em, 0 if a["start"] is None else a["start"], size)
+    end = start + src.shape[dim]
+    end = normalize(sympy.simplify(end)) if isinstance(end, sympy.Basic) else end
     parts = []
-    if start != 0:
+    if not equal(start, 0):
         parts.append(em.op("slice", x, dim=dim, start=0, end=start, step=1))
     parts.append(src)
-    if end != size:
+    if not equal(end, size):
         parts.append(em.op("slice", x, dim=dim, start=end, end=size, step=1))
     return parts[0] if len(parts) == 1 else em.op("concat", *parts, dim=dim)
 

@@ -124,7 +124,7 @@ def _index(em: AtenEmitter, i, size):
     return _from_end(i, size, em.graph.symbols, "index")
 
 
-def _slice_start(em: AtenEmitter, start, size):
+def slice_start(em: AtenEmitter, start, size):
     """A slice start as torch takes it: negatives count from the end, then clamped to [0, size]
     (x[-7:] of 5 elements starts at 0, not at -7 mod 5). A start whose clamp depends on the
     sizes is refused rather than guessed."""
@@ -150,7 +150,7 @@ def _slice_start(em: AtenEmitter, start, size):
 def _slice(em: AtenEmitter, x, dim: int, start, length, step: int, index: int = 0):
     """`x[start : start + length*step : step]` along dim, with the length torch computed."""
     size = x.shape[dim]
-    start = _slice_start(em, 0 if start is None else start, size)
+    start = slice_start(em, 0 if start is None else start, size)
     end = start if length == 0 else start + (length - 1) * step + 1
     start, end = (normalize(sympy.simplify(v)) if isinstance(v, sympy.Basic) else v
                   for v in (start, end))

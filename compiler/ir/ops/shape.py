@@ -77,9 +77,13 @@ _OPEN_END = 2**62  # torch.export writes sys.maxsize for an open end (`x[1:]`)
 
 
 def _slice_bound(index: Dim, size: Dim) -> Dim:
-    """A bound on a symbolic dim the way torch reads it: negative counts from the end, an open
-    end is the size. Other bounds are taken as in range (torch.export guards them so)."""
+    """A bound on a symbolic dim the way torch (and so every backend) reads it: negative counts
+    from the end, a symbolic one too when it is provably negative (`-s0`: sizes are positive),
+    an open end is the size. Other bounds are taken as in range (torch.export guards them so).
+    Typing `slice{start=-s0, end=0}` as s0 long once hid a lowering that returned it empty."""
     if isinstance(index, int) and index < 0:
+        return size + index
+    if isinstance(index, sympy.Basic) and index.is_negative:
         return size + index
     if isinstance(index, int) and index >= _OPEN_END:
         return size
