@@ -1,0 +1,249 @@
+// Paged attention of a generation step: see paged_attention.h for what and why.
+//
+// Two parallel phases. The first (one task per token) rotates the step's new keys into `new_k`
+// and copies its values into `new_v`: those are outputs anyway (the runtime writes them into the
+// pool), and the second phase reads a new token's key from there, exactly as it reads a cached
+// key from the pool. The second has one task per (token, query head): it rotates its query row,
+// then walks the token's visible keys in chunks of kChunk, scoring a chunk, raising the running
+// maximum once per chunk (one rescale of the accumulator, not one per key), and adding the
+// chunk's weighted value rows. A task's state is one query row, one output row and a chunk's
+// scores, all on the stack: the kernel allocates nothing.
+//
+// Non-finite numbers: the maxima keep NaN, so a NaN score makes the row NaN as the softmax does;
+// +Inf scores make Inf - Inf = NaN as there; a chunk whose scores are all -Inf while the running
+// maximum is still -Inf weighs 0 (the decomposition's exp(-inf - max) once a finite score comes,
+// and a NaN row through 0 / 0 if none does); rescaling by exp(old - new) = 0 turns an Inf that
+// earlier values put in the accumulator into NaN, as the dense product's 0 * Inf does.
+#include "paged_attention.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <limits>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define DZ_PAGED_X86 1
+#define DZ_PAGED_AVX2 __attribute__((target("avx2,fma")))
+#else
+#define DZ_PAGED_X86 0
+#endif
+
+namespace dayzero {
+namespace {
+
+constexpr int64_t kChunk = 32;  // keys scored before the running maximum is updated
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+enum Failure : int { kNone = 0, kBadSequence = 1, kBadSlot = 2 };
+
+struct Shared {
+  const PagedProblem* p;
+  bool vectorized;
+  std::atomic<int> failure{kNone};
+};
+
+// x * cos + rotate_half(x) * sin over one head (rotate_half(x) = concat(-x2, x1)), or a copy.
+void RotateHead(const float* x, const float* c, const float* s, int64_t size, float* dst) {
+  if (c == nullptr) {
+    std::copy(x, x + size, dst);
+    return;
+  }
+  const int64_t half = size / 2;
+  for (int64_t i = 0; i < half; ++i) dst[i] = x[i] * c[i] - x[i + half] * s[i];
+  for (int64_t i = half; i < size; ++i) dst[i] = x[i] * c[i] + x[i - half] * s[i];
+}
+
+inline float MaxKeepNaN(float a, float b) {
+  return (std::isnan(a) || std::isnan(b)) ? kNaN : std::max(a, b);
+}
+
+float DotScalar(const float* a, const float* b, int64_t n) {
+  float acc = 0.0f;
+  for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
+  return acc;
+}
+
+void AxpyScalar(float* acc, float w, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) acc[i] += w * x[i];
+}
+
+#if DZ_PAGED_X86
+DZ_PAGED_AVX2 float DotAvx2(const float* a, const float* b, int64_t n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+  }
+  for (; i + 8 <= n; i += 8)
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+  const __m256 s = _mm256_add_ps(s0, s1);
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_movehdup_ps(h));
+  float acc = _mm_cvtss_f32(h);
+  for (; i < n; ++i) acc += a[i] * b[i];
+  return acc;
+}
+
+DZ_PAGED_AVX2 void AxpyAvx2(float* acc, float w, const float* x, int64_t n) {
+  const __m256 weight = _mm256_set1_ps(w);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(weight, _mm256_loadu_ps(x + i),
+                                              _mm256_loadu_ps(acc + i)));
+  for (; i < n; ++i) acc[i] += w * x[i];
+}
+#endif
+
+inline float Dot(bool vectorized, const float* a, const float* b, int64_t n) {
+#if DZ_PAGED_X86
+  if (vectorized) return DotAvx2(a, b, n);
+#endif
+  (void)vectorized;
+  return DotScalar(a, b, n);
+}
+
+inline void Axpy(bool vectorized, float* acc, float w, const float* x, int64_t n) {
+#if DZ_PAGED_X86
+  if (vectorized) return AxpyAvx2(acc, w, x, n);
+#endif
+  (void)vectorized;
+  AxpyScalar(acc, w, x, n);
+}
+
+// Phase 1: token t's rotated keys and its values, in the pool's [kv_heads, size] row layout.
+void NewKeysAndValues(void* data, size_t index) noexcept {
+  const PagedProblem& p = *static_cast<Shared*>(data)->p;
+  const int64_t t = static_cast<int64_t>(index);
+  const float* c = p.cos ? p.cos + t * p.head_size : nullptr;
+  const float* s = p.sin ? p.sin + t * p.head_size : nullptr;
+  for (int64_t g = 0; g < p.kv_heads; ++g) {
+    RotateHead(p.k + (t * p.kv_heads + g) * p.head_size, c, s, p.head_size,
+               p.new_k + (t * p.kv_heads + g) * p.head_size);
+  }
+  const float* v = p.v + t * p.kv_heads * p.v_size;
+  std::copy(v, v + p.kv_heads * p.v_size, p.new_v + t * p.kv_heads * p.v_size);
+}
+
+void Fail(Shared& k, Failure why) {
+  int expected = kNone;
+  k.failure.compare_exchange_strong(expected, why);
+}
+
+// Phase 2: query head h of token t, online softmax over the token's visible keys.
+void Attend(void* data, size_t index) noexcept {
+  Shared& k = *static_cast<Shared*>(data);
+  const PagedProblem& p = *k.p;
+  const int64_t t = static_cast<int64_t>(index) / p.num_heads;
+  const int64_t h = static_cast<int64_t>(index) % p.num_heads;
+  const int64_t g = h / (p.num_heads / p.kv_heads);
+  const int64_t size = p.head_size, v_size = p.v_size;
+  float* out = p.out + (t * p.num_heads + h) * v_size;
+  const int64_t seq = p.token_seq[t];
+  if (seq < 0 || seq >= p.sequences) {
+    Fail(k, kBadSequence);
+    std::fill(out, out + v_size, kNaN);
+    return;
+  }
+  const int64_t* slots = p.seq_slots + seq * p.length;
+  const int64_t seen = p.token_len[t];
+  const int64_t end = std::min(seen, p.length);
+  const int64_t begin = p.window > 0 ? std::max<int64_t>(0, seen - p.window) : 0;
+
+  float q[kPagedMaxHeadSize], acc[kPagedMaxHeadSize];
+  RotateHead(p.q + (t * p.num_heads + h) * size, p.cos ? p.cos + t * size : nullptr,
+             p.sin ? p.sin + t * size : nullptr, size, q);
+  std::fill(acc, acc + v_size, 0.0f);
+  float peak = kNegInf, sum = 0.0f;
+  float scores[kChunk];
+  const float* rows[kChunk];
+  for (int64_t j0 = begin; j0 < end; j0 += kChunk) {
+    int64_t n = 0;
+    for (int64_t j = j0; j < std::min(j0 + kChunk, end); ++j) {
+      const int64_t slot = slots[j];
+      if (slot == -1) continue;  // padding: hidden
+      const float *key, *value;
+      if (slot >= 0) {
+        if (slot >= p.pool_slots) return Fail(k, kBadSlot);
+        key = p.k_cache + (slot * p.kv_heads + g) * size;
+        value = p.v_cache + (slot * p.kv_heads + g) * v_size;
+      } else {
+        const int64_t token = -2 - slot;
+        if (token >= p.tokens) return Fail(k, kBadSlot);
+        key = p.new_k + (token * p.kv_heads + g) * size;
+        value = p.new_v + (token * p.kv_heads + g) * v_size;
+      }
+      float score = Dot(k.vectorized, q, key, size) * p.scale;
+      if (p.softcap != 0.0f) score = std::tanh(score / p.softcap) * p.softcap;
+      scores[n] = score;
+      rows[n++] = value;
+    }
+    float top = peak;
+    for (int64_t i = 0; i < n; ++i) top = MaxKeepNaN(top, scores[i]);
+    if (!(top == peak)) {  // a new maximum, or NaN: rescale what was accumulated
+      const float alpha = std::exp(peak - top);
+      for (int64_t d = 0; d < v_size; ++d) acc[d] *= alpha;
+      sum *= alpha;
+      peak = top;
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      const float w = peak == kNegInf ? 0.0f : std::exp(scores[i] - peak);
+      sum += w;
+      Axpy(k.vectorized, acc, w, rows[i], v_size);
+    }
+  }
+  const float inv = 1.0f / sum;  // Inf when no key weighed anything: 0 * Inf is NaN
+  for (int64_t d = 0; d < v_size; ++d) out[d] = acc[d] * inv;
+}
+
+bool Vectorized() {
+#if DZ_PAGED_X86
+  static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return supported;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+const char* PagedAttentionCheck(const PagedProblem& p) {
+  if (p.tokens < 0 || p.pool_slots < 0 || p.sequences < 0 || p.length < 0)
+    return "negative tokens, pool slots, sequences or slot-list length";
+  if (p.num_heads <= 0 || p.kv_heads <= 0 || p.num_heads > kPagedMaxHeads ||
+      p.num_heads % p.kv_heads)
+    return "num_heads must be 1 to 1024 and a multiple of kv_num_heads (which must be positive)";
+  if (p.head_size <= 0 || p.head_size > kPagedMaxHeadSize || p.v_size <= 0 ||
+      p.v_size > kPagedMaxHeadSize)
+    return "the query/key and value head sizes must be 1 to 1024";
+  if ((p.cos == nullptr) != (p.sin == nullptr)) return "cos and sin come together";
+  if (p.cos && p.head_size % 2) return "rotary needs an even head size";
+  if (p.cos && p.cos_rows < p.tokens) return "the rotary tables have fewer rows than tokens";
+  if (p.window < 0) return "window must be positive (0: none)";
+  if (!std::isfinite(p.scale) || !std::isfinite(p.softcap))
+    return "scale and softcap must be finite";
+  return nullptr;
+}
+
+const char* PagedAttention(const PagedProblem& p, ParallelFor parallel_for, void* runner) {
+  if (const char* why = PagedAttentionCheck(p)) return why;
+  if (p.tokens == 0) return nullptr;
+  Shared k;
+  k.p = &p;
+  k.vectorized = Vectorized();
+  parallel_for(runner, NewKeysAndValues, &k, static_cast<size_t>(p.tokens));
+  parallel_for(runner, Attend, &k, static_cast<size_t>(p.tokens * p.num_heads));
+  switch (k.failure.load()) {
+    case kBadSequence:
+      return "a token's sequence (token_seq) is not a row of seq_slots";
+    case kBadSlot:
+      return "a visible slot of seq_slots is outside the pool or this step's tokens";
+    default:
+      return nullptr;
+  }
+}
+
+}  // namespace dayzero
