@@ -3,11 +3,14 @@
 // Two parallel phases. The first (one task per token) rotates the step's new keys into `new_k`
 // and copies its values into `new_v`: those are outputs anyway (the runtime writes them into the
 // pool), and the second phase reads a new token's key from there, exactly as it reads a cached
-// key from the pool. The second has one task per (token, query head): it rotates its query row,
-// then walks the token's visible keys in chunks of kChunk, scoring a chunk, raising the running
-// maximum once per chunk (one rescale of the accumulator, not one per key), and adding the
-// chunk's weighted value rows. A task's state is one query row, one output row and a chunk's
-// scores, all on the stack: the kernel allocates nothing.
+// key from the pool. The second has one task per token, kv head and tile of up to kHeadTile of
+// the query heads that share it (GQA: each scattered key and value row is fetched from memory
+// once for its whole group, not once per query head; a decode step is bound by those fetches).
+// A task rotates its query rows, then walks the token's visible keys in chunks of kChunk:
+// it prefetches the next chunk's rows into L2, locates this chunk's, scores them, raises each head's running maximum
+// once per chunk (one rescale of the accumulator, not one per key), and adds the chunk's
+// weighted value rows. A task's state (query and output rows, a chunk's scores) is on the
+// stack: the kernel allocates nothing.
 //
 // Non-finite numbers: the maxima keep NaN, so a NaN score makes the row NaN as the softmax does;
 // +Inf scores make Inf - Inf = NaN as there; a chunk whose scores are all -Inf while the running
@@ -33,6 +36,7 @@ namespace dayzero {
 namespace {
 
 constexpr int64_t kChunk = 32;  // keys scored before the running maximum is updated
+constexpr int64_t kHeadTile = 8;  // query heads of one kv head per task (stack: 64 kB at most)
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
@@ -133,19 +137,64 @@ void Fail(Shared& k, Failure why) {
   k.failure.compare_exchange_strong(expected, why);
 }
 
-// Phase 2: query head h of token t, online softmax over the token's visible keys.
+// Where key slot `slot` of kv head g lives: the pool, or this step's new keys. False when the
+// slot is outside both.
+inline bool Locate(const PagedProblem& p, int64_t slot, int64_t g, const float** key,
+                   const float** value) {
+  if (slot >= 0) {
+    if (slot >= p.pool_slots) return false;
+    *key = p.k_cache + (slot * p.kv_heads + g) * p.head_size;
+    *value = p.v_cache + (slot * p.kv_heads + g) * p.v_size;
+    return true;
+  }
+  const int64_t token = -2 - slot;
+  if (token >= p.tokens) return false;
+  *key = p.new_k + (token * p.kv_heads + g) * p.head_size;
+  *value = p.new_v + (token * p.kv_heads + g) * p.v_size;
+  return true;
+}
+
+// Asks for a row's cache lines in L2 (not L1: the rows of one kv head are a pool slot's width
+// apart, a power of two that maps them to a few L1 sets, where a chunk of them would evict the
+// query and output rows and each other).
+inline void Prefetch(const float* row, int64_t floats) {
+  const char* bytes = reinterpret_cast<const char*>(row);
+  for (int64_t b = 0; b < floats * 4; b += 64) __builtin_prefetch(bytes + b, 0, 1);
+}
+
+// Prefetches the key and value rows of slots [first, last) of kv head g (the next chunk, while
+// this one is computed); slots that Locate refuses are skipped here and reported there.
+void PrefetchChunk(const PagedProblem& p, const int64_t* slots, int64_t first, int64_t last,
+                   int64_t g) {
+  for (int64_t j = first; j < last; ++j) {
+    const float *key, *value;
+    if (slots[j] != -1 && Locate(p, slots[j], g, &key, &value)) {
+      Prefetch(key, p.head_size);
+      Prefetch(value, p.v_size);
+    }
+  }
+}
+
+inline int64_t Tiles(const PagedProblem& p) {
+  return (p.num_heads / p.kv_heads + kHeadTile - 1) / kHeadTile;
+}
+
+// Phase 2: up to kHeadTile query heads of token t that share kv head g, online softmax over the
+// token's visible keys. Each key and value row is read once for all the tile's heads.
 void Attend(void* data, size_t index) noexcept {
   Shared& k = *static_cast<Shared*>(data);
   const PagedProblem& p = *k.p;
-  const int64_t t = static_cast<int64_t>(index) / p.num_heads;
-  const int64_t h = static_cast<int64_t>(index) % p.num_heads;
-  const int64_t g = h / (p.num_heads / p.kv_heads);
+  const int64_t tiles = Tiles(p), group = p.num_heads / p.kv_heads;
+  const int64_t t = static_cast<int64_t>(index) / (p.kv_heads * tiles);
+  const int64_t g = static_cast<int64_t>(index) / tiles % p.kv_heads;
+  const int64_t first = g * group + static_cast<int64_t>(index) % tiles * kHeadTile;
+  const int64_t heads = std::min(kHeadTile, (g + 1) * group - first);
   const int64_t size = p.head_size, v_size = p.v_size;
-  float* out = p.out + (t * p.num_heads + h) * v_size;
+  float* out = p.out + (t * p.num_heads + first) * v_size;
   const int64_t seq = p.token_seq[t];
   if (seq < 0 || seq >= p.sequences) {
     Fail(k, kBadSequence);
-    std::fill(out, out + v_size, kNaN);
+    std::fill(out, out + heads * v_size, kNaN);
     return;
   }
   const int64_t* slots = p.seq_slots + seq * p.length;
@@ -153,50 +202,64 @@ void Attend(void* data, size_t index) noexcept {
   const int64_t end = std::min(seen, p.length);
   const int64_t begin = p.window > 0 ? std::max<int64_t>(0, seen - p.window) : 0;
 
-  float q[kPagedMaxHeadSize], acc[kPagedMaxHeadSize];
-  RotateHead(p.q + (t * p.num_heads + h) * size, p.cos ? p.cos + t * size : nullptr,
-             p.sin ? p.sin + t * size : nullptr, size, q);
-  std::fill(acc, acc + v_size, 0.0f);
-  float peak = kNegInf, sum = 0.0f;
-  float scores[kChunk];
-  const float* rows[kChunk];
+  // Rows packed at their own width: a 4 kB stride would put every head's row in the same L1 sets
+  float q_rows[kHeadTile * kPagedMaxHeadSize], acc_rows[kHeadTile * kPagedMaxHeadSize];
+  float* q[kHeadTile];
+  float* acc[kHeadTile];
+  for (int64_t r = 0; r < heads; ++r) {
+    q[r] = q_rows + r * size;
+    acc[r] = acc_rows + r * v_size;
+  }
+  float peak[kHeadTile], sum[kHeadTile], scores[kHeadTile][kChunk];
+  const float* c = p.cos ? p.cos + t * size : nullptr;
+  const float* s = p.sin ? p.sin + t * size : nullptr;
+  for (int64_t r = 0; r < heads; ++r) {
+    RotateHead(p.q + (t * p.num_heads + first + r) * size, c, s, size, q[r]);
+    std::fill(acc[r], acc[r] + v_size, 0.0f);
+    peak[r] = kNegInf;
+    sum[r] = 0.0f;
+  }
+  const float* keys[kChunk];
+  const float* values[kChunk];
+  PrefetchChunk(p, slots, begin, std::min(begin + kChunk, end), g);
   for (int64_t j0 = begin; j0 < end; j0 += kChunk) {
+    PrefetchChunk(p, slots, j0 + kChunk, std::min(j0 + 2 * kChunk, end), g);
     int64_t n = 0;
     for (int64_t j = j0; j < std::min(j0 + kChunk, end); ++j) {
-      const int64_t slot = slots[j];
-      if (slot == -1) continue;  // padding: hidden
-      const float *key, *value;
-      if (slot >= 0) {
-        if (slot >= p.pool_slots) return Fail(k, kBadSlot);
-        key = p.k_cache + (slot * p.kv_heads + g) * size;
-        value = p.v_cache + (slot * p.kv_heads + g) * v_size;
-      } else {
-        const int64_t token = -2 - slot;
-        if (token >= p.tokens) return Fail(k, kBadSlot);
-        key = p.new_k + (token * p.kv_heads + g) * size;
-        value = p.new_v + (token * p.kv_heads + g) * v_size;
-      }
-      float score = Dot(k.vectorized, q, key, size) * p.scale;
-      if (p.softcap != 0.0f) score = std::tanh(score / p.softcap) * p.softcap;
-      scores[n] = score;
-      rows[n++] = value;
-    }
-    float top = peak;
-    for (int64_t i = 0; i < n; ++i) top = MaxKeepNaN(top, scores[i]);
-    if (!(top == peak)) {  // a new maximum, or NaN: rescale what was accumulated
-      const float alpha = std::exp(peak - top);
-      for (int64_t d = 0; d < v_size; ++d) acc[d] *= alpha;
-      sum *= alpha;
-      peak = top;
+      if (slots[j] == -1) continue;  // padding: hidden
+      if (!Locate(p, slots[j], g, &keys[n], &values[n])) return Fail(k, kBadSlot);
+      ++n;
     }
     for (int64_t i = 0; i < n; ++i) {
-      const float w = peak == kNegInf ? 0.0f : std::exp(scores[i] - peak);
-      sum += w;
-      Axpy(k.vectorized, acc, w, rows[i], v_size);
+      for (int64_t r = 0; r < heads; ++r) {
+        float score = Dot(k.vectorized, q[r], keys[i], size) * p.scale;
+        if (p.softcap != 0.0f) score = std::tanh(score / p.softcap) * p.softcap;
+        scores[r][i] = score;
+      }
+    }
+    for (int64_t r = 0; r < heads; ++r) {
+      float top = peak[r];
+      for (int64_t i = 0; i < n; ++i) top = MaxKeepNaN(top, scores[r][i]);
+      if (!(top == peak[r])) {  // a new maximum, or NaN: rescale what was accumulated
+        const float alpha = std::exp(peak[r] - top);
+        for (int64_t d = 0; d < v_size; ++d) acc[r][d] *= alpha;
+        sum[r] *= alpha;
+        peak[r] = top;
+      }
+      for (int64_t i = 0; i < n; ++i)  // exp(-inf - -inf) would be NaN: all -inf weigh 0
+        scores[r][i] = peak[r] == kNegInf ? 0.0f : std::exp(scores[r][i] - peak[r]);
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t r = 0; r < heads; ++r) {
+        sum[r] += scores[r][i];
+        Axpy(k.vectorized, acc[r], scores[r][i], values[i], v_size);
+      }
     }
   }
-  const float inv = 1.0f / sum;  // Inf when no key weighed anything: 0 * Inf is NaN
-  for (int64_t d = 0; d < v_size; ++d) out[d] = acc[d] * inv;
+  for (int64_t r = 0; r < heads; ++r) {
+    const float inv = 1.0f / sum[r];  // Inf when no key weighed anything: 0 * Inf is NaN
+    for (int64_t d = 0; d < v_size; ++d) out[r * v_size + d] = acc[r][d] * inv;
+  }
 }
 
 bool Vectorized() {
@@ -235,7 +298,7 @@ const char* PagedAttention(const PagedProblem& p, ParallelFor parallel_for, void
   k.p = &p;
   k.vectorized = Vectorized();
   parallel_for(runner, NewKeysAndValues, &k, static_cast<size_t>(p.tokens));
-  parallel_for(runner, Attend, &k, static_cast<size_t>(p.tokens * p.num_heads));
+  parallel_for(runner, Attend, &k, static_cast<size_t>(p.tokens * p.kv_heads * Tiles(p)));
   switch (k.failure.load()) {
     case kBadSequence:
       return "a token's sequence (token_seq) is not a row of seq_slots";
