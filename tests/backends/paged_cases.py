@@ -100,6 +100,7 @@ STEPS = {
     "mixed": Step([(11, 5), (30, 1), (7, 1)]),
     "mixed-mha": Step([(11, 5), (30, 1), (7, 1)], heads=3, kv_heads=3, size=8),
     "mixed-mqa-no-rotary": Step([(11, 5), (30, 1), (7, 1)], heads=4, kv_heads=1, rotary=False),
+    "mqa-two-tiles": Step([(11, 5), (30, 1)], heads=10, kv_heads=1, size=8),  # 8 + 2 heads
     "gpt2-style": Step([(5, 3), (12, 1)], heads=2, kv_heads=2, size=24, rotary=False),
     "v-size-differs": Step([(6, 2), (40, 1)], size=16, v_size=12),
     "window": Step([(11, 5), (30, 1), (7, 1)], attrs=dict(window=4)),

@@ -7,9 +7,12 @@
 // the query heads that share it (GQA: each scattered key and value row is fetched from memory
 // once for its whole group, not once per query head; a decode step is bound by those fetches).
 // A task rotates its query rows, then walks the token's visible keys in chunks of kChunk:
-// it prefetches the next chunk's rows into L2, locates this chunk's, scores them, raises each head's running maximum
+// it prefetches the next chunk's rows into L2, locates this chunk's, scores them (each 8
+// channels of a key loaded once for the whole tile), raises each head's running maximum
 // once per chunk (one rescale of the accumulator, not one per key), and adds the chunk's
-// weighted value rows. A task's state (query and output rows, a chunk's scores) is on the
+// weighted value rows (8 output channels of every head kept in registers over the chunk).
+// The AVX2 + FMA functions run where the CPU has them (checked against the scalar ones, which
+// run elsewhere, on every tile size and tail). A task's state (query and output rows, a chunk's scores) is on the
 // stack: the kernel allocates nothing.
 //
 // Non-finite numbers: the maxima keep NaN, so a NaN score makes the row NaN as the softmax does;
@@ -63,59 +66,115 @@ inline float MaxKeepNaN(float a, float b) {
   return (std::isnan(a) || std::isnan(b)) ? kNaN : std::max(a, b);
 }
 
-float DotScalar(const float* a, const float* b, int64_t n) {
-  float acc = 0.0f;
-  for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
-  return acc;
-}
+// A chunk's visible rows: up to kChunk key rows and their value rows.
+struct Chunk {
+  const float* keys[kChunk];
+  const float* values[kChunk];
+  int64_t n;
+};
 
-void AxpyScalar(float* acc, float w, const float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) acc[i] += w * x[i];
-}
-
-#if DZ_PAGED_X86
-DZ_PAGED_AVX2 float DotAvx2(const float* a, const float* b, int64_t n) {
-  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+// scores[r][i] = q[r] . keys[i] for the tile's `heads` query rows, without SIMD.
+void ScoreScalar(int64_t heads, float* const* q, const Chunk& c, int64_t size,
+                 float (*scores)[kChunk]) {
+  for (int64_t i = 0; i < c.n; ++i) {
+    for (int64_t r = 0; r < heads; ++r) {
+      float acc = 0.0f;
+      for (int64_t d = 0; d < size; ++d) acc += q[r][d] * c.keys[i][d];
+      scores[r][i] = acc;
+    }
   }
-  for (; i + 8 <= n; i += 8)
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-  const __m256 s = _mm256_add_ps(s0, s1);
-  __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  h = _mm_add_ss(h, _mm_movehdup_ps(h));
-  float acc = _mm_cvtss_f32(h);
-  for (; i < n; ++i) acc += a[i] * b[i];
-  return acc;
 }
 
-DZ_PAGED_AVX2 void AxpyAvx2(float* acc, float w, const float* x, int64_t n) {
-  const __m256 weight = _mm256_set1_ps(w);
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(weight, _mm256_loadu_ps(x + i),
-                                              _mm256_loadu_ps(acc + i)));
-  for (; i < n; ++i) acc[i] += w * x[i];
+// acc[r] += sum over i of probs[r][i] * values[i], without SIMD.
+void WeighScalar(int64_t heads, float* const* acc, const Chunk& c, int64_t v_size,
+                 const float (*probs)[kChunk]) {
+  for (int64_t i = 0; i < c.n; ++i) {
+    for (int64_t r = 0; r < heads; ++r) {
+      for (int64_t d = 0; d < v_size; ++d) acc[r][d] += probs[r][i] * c.values[i][d];
+    }
+  }
 }
+
+#if DZ_PAGED_X86
+DZ_PAGED_AVX2 inline float HorizontalSum(__m256 x) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// ScoreScalar for R query rows: each 8 channels of a key are loaded once for all R rows.
+template <int R>
+DZ_PAGED_AVX2 void ScoreAvx2(float* const* q, const Chunk& c, int64_t size,
+                             float (*scores)[kChunk]) {
+  for (int64_t i = 0; i < c.n; ++i) {
+    const float* key = c.keys[i];
+    __m256 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    int64_t d = 0;
+    for (; d + 8 <= size; d += 8) {
+      const __m256 k = _mm256_loadu_ps(key + d);
+      for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + d), k, acc[r]);
+    }
+    for (int r = 0; r < R; ++r) {
+      float sum = HorizontalSum(acc[r]);
+      for (int64_t e = d; e < size; ++e) sum += q[r][e] * key[e];
+      scores[r][i] = sum;
+    }
+  }
+}
+
+// WeighScalar for R rows: 8 output channels of every row stay in registers over the chunk's
+// values, so the output rows are read and written once per chunk, not once per key.
+template <int R>
+DZ_PAGED_AVX2 void WeighAvx2(float* const* acc, const Chunk& c, int64_t v_size,
+                             const float (*probs)[kChunk]) {
+  int64_t d = 0;
+  for (; d + 8 <= v_size; d += 8) {
+    __m256 sum[R];
+    for (int r = 0; r < R; ++r) sum[r] = _mm256_loadu_ps(acc[r] + d);
+    for (int64_t i = 0; i < c.n; ++i) {
+      const __m256 v = _mm256_loadu_ps(c.values[i] + d);
+      for (int r = 0; r < R; ++r)
+        sum[r] = _mm256_fmadd_ps(_mm256_set1_ps(probs[r][i]), v, sum[r]);
+    }
+    for (int r = 0; r < R; ++r) _mm256_storeu_ps(acc[r] + d, sum[r]);
+  }
+  for (; d < v_size; ++d) {
+    for (int64_t i = 0; i < c.n; ++i) {
+      for (int r = 0; r < R; ++r) acc[r][d] += probs[r][i] * c.values[i][d];
+    }
+  }
+}
+
+using ScoreFn = void (*)(float* const*, const Chunk&, int64_t, float (*)[kChunk]);
+using WeighFn = void (*)(float* const*, const Chunk&, int64_t, const float (*)[kChunk]);
+// Indexed by the tile's number of query heads, 1 to kHeadTile.
+static_assert(kHeadTile == 8, "one ScoreAvx2 and WeighAvx2 per tile size");
+constexpr ScoreFn kScoreAvx2[kHeadTile + 1] = {
+    nullptr, ScoreAvx2<1>, ScoreAvx2<2>, ScoreAvx2<3>, ScoreAvx2<4>,
+    ScoreAvx2<5>, ScoreAvx2<6>, ScoreAvx2<7>, ScoreAvx2<8>};
+constexpr WeighFn kWeighAvx2[kHeadTile + 1] = {
+    nullptr, WeighAvx2<1>, WeighAvx2<2>, WeighAvx2<3>, WeighAvx2<4>,
+    WeighAvx2<5>, WeighAvx2<6>, WeighAvx2<7>, WeighAvx2<8>};
 #endif
 
-inline float Dot(bool vectorized, const float* a, const float* b, int64_t n) {
+void Score(bool vectorized, int64_t heads, float* const* q, const Chunk& c, int64_t size,
+           float (*scores)[kChunk]) {
 #if DZ_PAGED_X86
-  if (vectorized) return DotAvx2(a, b, n);
+  if (vectorized) return kScoreAvx2[heads](q, c, size, scores);
 #endif
   (void)vectorized;
-  return DotScalar(a, b, n);
+  ScoreScalar(heads, q, c, size, scores);
 }
 
-inline void Axpy(bool vectorized, float* acc, float w, const float* x, int64_t n) {
+void Weigh(bool vectorized, int64_t heads, float* const* acc, const Chunk& c, int64_t v_size,
+           const float (*probs)[kChunk]) {
 #if DZ_PAGED_X86
-  if (vectorized) return AxpyAvx2(acc, w, x, n);
+  if (vectorized) return kWeighAvx2[heads](acc, c, v_size, probs);
 #endif
   (void)vectorized;
-  AxpyScalar(acc, w, x, n);
+  WeighScalar(heads, acc, c, v_size, probs);
 }
 
 // Phase 1: token t's rotated keys and its values, in the pool's [kv_heads, size] row layout.
@@ -219,25 +278,24 @@ void Attend(void* data, size_t index) noexcept {
     peak[r] = kNegInf;
     sum[r] = 0.0f;
   }
-  const float* keys[kChunk];
-  const float* values[kChunk];
+  Chunk chunk;
   PrefetchChunk(p, slots, begin, std::min(begin + kChunk, end), g);
   for (int64_t j0 = begin; j0 < end; j0 += kChunk) {
     PrefetchChunk(p, slots, j0 + kChunk, std::min(j0 + 2 * kChunk, end), g);
-    int64_t n = 0;
+    chunk.n = 0;
     for (int64_t j = j0; j < std::min(j0 + kChunk, end); ++j) {
       if (slots[j] == -1) continue;  // padding: hidden
-      if (!Locate(p, slots[j], g, &keys[n], &values[n])) return Fail(k, kBadSlot);
-      ++n;
+      if (!Locate(p, slots[j], g, &chunk.keys[chunk.n], &chunk.values[chunk.n]))
+        return Fail(k, kBadSlot);
+      ++chunk.n;
     }
-    for (int64_t i = 0; i < n; ++i) {
-      for (int64_t r = 0; r < heads; ++r) {
-        float score = Dot(k.vectorized, q[r], keys[i], size) * p.scale;
-        if (p.softcap != 0.0f) score = std::tanh(score / p.softcap) * p.softcap;
-        scores[r][i] = score;
-      }
-    }
+    const int64_t n = chunk.n;
+    Score(k.vectorized, heads, q, chunk, size, scores);
     for (int64_t r = 0; r < heads; ++r) {
+      for (int64_t i = 0; i < n; ++i) {
+        scores[r][i] *= p.scale;
+        if (p.softcap != 0.0f) scores[r][i] = std::tanh(scores[r][i] / p.softcap) * p.softcap;
+      }
       float top = peak[r];
       for (int64_t i = 0; i < n; ++i) top = MaxKeepNaN(top, scores[r][i]);
       if (!(top == peak[r])) {  // a new maximum, or NaN: rescale what was accumulated
@@ -246,15 +304,12 @@ void Attend(void* data, size_t index) noexcept {
         sum[r] *= alpha;
         peak[r] = top;
       }
-      for (int64_t i = 0; i < n; ++i)  // exp(-inf - -inf) would be NaN: all -inf weigh 0
+      for (int64_t i = 0; i < n; ++i) {  // exp(-inf - -inf) would be NaN: all -inf weigh 0
         scores[r][i] = peak[r] == kNegInf ? 0.0f : std::exp(scores[r][i] - peak[r]);
-    }
-    for (int64_t i = 0; i < n; ++i) {
-      for (int64_t r = 0; r < heads; ++r) {
         sum[r] += scores[r][i];
-        Axpy(k.vectorized, acc[r], scores[r][i], values[i], v_size);
       }
     }
+    Weigh(k.vectorized, heads, acc, chunk, v_size, scores);
   }
   for (int64_t r = 0; r < heads; ++r) {
     const float inv = 1.0f / sum[r];  // Inf when no key weighed anything: 0 * Inf is NaN
