@@ -11,9 +11,8 @@
 // channels of a key loaded once for the whole tile), raises each head's running maximum
 // once per chunk (one rescale of the accumulator, not one per key), and adds the chunk's
 // weighted value rows (8 output channels of every head kept in registers over the chunk).
-// The AVX2 + FMA functions run where the CPU has them (checked against the scalar ones, which
-// run elsewhere, on every tile size and tail). A task's state (query and output rows, a chunk's scores) is on the
-// stack: the kernel allocates nothing.
+// The AVX2 + FMA functions run where the CPU has them, the scalar ones elsewhere. A task's
+// state (query and output rows, a chunk's scores) is on the stack: the kernel allocates nothing.
 //
 // Non-finite numbers: the maxima keep NaN, so a NaN score makes the row NaN as the softmax does;
 // +Inf scores make Inf - Inf = NaN as there; a chunk whose scores are all -Inf while the running
