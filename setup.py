@@ -19,8 +19,10 @@ def native_extension(root: str = ".") -> Extension:
     native = os.path.normpath(os.path.join(root, NATIVE))
     return Extension(
         "backends.onnxruntime._dayzero_ort_ops",
-        sources=[f"{native}/custom_ops.cc", f"{native}/causal_attention.cc"],
-        depends=[f"{native}/causal_attention.h", f"{native}/ort_abi.h"],
+        sources=[f"{native}/custom_ops.cc", f"{native}/causal_attention.cc",
+                 f"{native}/paged_op.cc", f"{native}/paged_attention.cc"],
+        depends=[f"{native}/causal_attention.h", f"{native}/paged_attention.h",
+                 f"{native}/ort_abi.h"],
         language="c++",
         extra_compile_args=["-std=c++17", "-O3", "-fvisibility=hidden"],
         optional=True,

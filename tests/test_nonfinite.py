@@ -289,6 +289,8 @@ CONTRIB_CASES = {  # case in tests/backends/onnxruntime_cases.py -> the variant 
     "multi_head_attention_padding": "com.microsoft.MultiHeadAttention",
     "multi_head_attention_plain_gqa": "ai.dayzero.CausalAttention",
     "multi_head_attention_gqa": "ai.dayzero.CausalAttention",
+    "paged_attention": "ai.dayzero.PagedAttention",
+    "paged_attention_window": "ai.dayzero.PagedAttention",
 }
 
 

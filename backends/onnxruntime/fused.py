@@ -32,6 +32,7 @@ from .convert_attention import mha, mha_fits
 from .convert_elementwise import Converter, in_dtype
 from .convert_fused import add_layer_norm, add_rms_norm, matmul_nbits, skip_norm_fits
 from .convert_nn import linear_fused_matmul
+from .convert_paged import paged_attention, paged_fits
 from .native_ops import DOMAIN as NATIVE_DOMAIN
 from .probe import KernelSet, OrtKernel
 
@@ -123,6 +124,10 @@ VARIANTS: dict[str, tuple[Variant, ...]] = {
                 heads.gqa_fits, heads.gqa),
         Variant("com.microsoft.MultiHeadAttention", (OrtKernel(MS, "MultiHeadAttention"),),
                 heads.mha_fits, heads.mha),
+    ),
+    "paged_attention": (
+        Variant("ai.dayzero.PagedAttention", (OrtKernel(NATIVE_DOMAIN, "PagedAttention"),),
+                paged_fits, paged_attention),
     ),
 }
 

@@ -6,7 +6,9 @@ and masks half of it afterwards, and that wasted half was the largest cost left 
 once its GEMMs ran at the machine's peak (docs/performance.md). `ai.dayzero.CausalAttention`
 multiplies each block of queries only with the keys it may see; otherwise it takes GQA's inputs
 and attributes (packed or separate q/k/v, half-width rotary caches), minus the length inputs a
-prompt without past does not need.
+prompt without past does not need. `ai.dayzero.PagedAttention` runs `paged_attention` (a
+generation step over a paged KV cache) reading each visible key where it lives, instead of the
+decomposition's gathers of every token's keys (see convert_paged).
 
 The library is optional. setup.py builds it where a C++17 compiler exists; where it is absent, or
 this onnxruntime refuses it, `kernels()` is empty, the lowering's kernel probe does not offer it,
@@ -27,7 +29,7 @@ from pathlib import Path
 
 DOMAIN = "ai.dayzero"
 LIBRARY = "_dayzero_ort_ops"  # the extension module setup.py builds, next to this file
-KERNELS = ((DOMAIN, "CausalAttention", "float"),)
+KERNELS = ((DOMAIN, "CausalAttention", "float"), (DOMAIN, "PagedAttention", "float"))
 
 
 class NativeKernelWarning(UserWarning):

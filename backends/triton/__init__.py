@@ -33,11 +33,11 @@ KERNELS_FILE = "kernels.json"
 GENERATOR_VERSION = 2  # 2: matmul/linear/fused_linear as generated GEMM kernels
 
 # Ops run on the host next to the kernels: zero-copy views, data movement, creation, and the
-# library calls (embedding gathers, indexing, attention). MATMUL_OPS are GEMM kernels, or
-# torch.matmul where the template does not fit.
+# library calls (embedding gathers, indexing, attention, paged attention). MATMUL_OPS are GEMM
+# kernels, or torch.matmul where the template does not fit.
 HOST_KINDS = frozenset({"view", "data_movement", "creation"})
-HOST_OPS = frozenset({"embedding", "scaled_dot_product_attention", "index", "index_select",
-                      "gather", "cumsum", "masked_scatter"})
+HOST_OPS = frozenset({"embedding", "scaled_dot_product_attention", "paged_attention", "index",
+                      "index_select", "gather", "cumsum", "masked_scatter"})
 DTYPES = frozenset({"f32", "f16", "bf16", "i64", "i32", "bool"})
 
 
@@ -94,6 +94,9 @@ class TritonBackend(Backend):
                    ", ".join(str(e) for e in sorted(POW_EXPONENTS)) + "}",
             "scaled_dot_product_attention": "flash-style Triton kernel for 4-d float q/k/v; "
                                             "other ranks run through torch",
+            "paged_attention": "Triton kernel (online softmax over the visible slots) for float "
+                               "q with rotary tables shared by every head; otherwise its "
+                               "decomposition through torch",
             **{op: "tiled GEMM kernel with the bias and activation fused (f32/f16/bf16); "
                    "integer dtypes and matrix-vector products run through torch.matmul"
                for op in sorted(MATMUL_OPS)}})

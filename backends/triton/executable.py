@@ -229,6 +229,11 @@ class TritonExecutable:
             if supported(*args[:3]):
                 results = (attention(*args, **attrs),)
                 return self._store(node, results, env)
+        if node.op == "paged_attention":
+            from . import paged
+
+            if paged.supported(*args[:6], **attrs):
+                return self._store(node, paged.paged_attention(*args, **attrs), env)
         result = get_op(node.op).reference(*args, **attrs)
         results = tuple(result) if isinstance(result, (tuple, list)) else (result,)
         self._store(node, results, env)

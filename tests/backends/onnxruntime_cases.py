@@ -256,6 +256,25 @@ def _multi_head(rotary: bool, causal: bool, size: int = 16,
     return build
 
 
+def _paged(rotary: bool):
+    """A generation step of s0 tokens over a 12-slot pool: 4 query heads, 2 KV heads of 8.
+    Slots are drawn from [-3, 11]: pool slots, new tokens 0 and 1 (-2, -3) and padding (-1)."""
+    def build(g):
+        tables = [g.add_input(n, t(F, S, 8)) for n in ("cos", "sin")] if rotary else [None] * 2
+        q = g.add_input("q", t(F, 1, S, 32))
+        k, v = g.add_input("k", t(F, 1, S, 16)), g.add_input("v", t(F, 1, S, 16))
+        caches = [g.add_input(n, t(F, 12, 2, 8)) for n in ("k_cache", "v_cache")]
+        slots = g.add_input("seq_slots", t(I64, 3, 10))
+        seq, length = g.add_input("token_seq", t(I64, S)), g.add_input("token_len", t(I64, S))
+        node = op(g, "paged_attention", [q, k, v, *tables, *caches, slots, seq, length],
+                  num_heads=4, kv_num_heads=2, window=None if rotary else 6)
+        return list(node.outputs)
+    return build
+
+
+_PAGED_RANGES = {"seq_slots": (-3, 11), "token_seq": (0, 2), "token_len": (1, 10), "q": (-1, 1)}
+
+
 def _quantized_linear(bits: int, bias: bool):
     """int4 / int8 weights in MatMulNBits' layout, from quantize_weights' own quantizer."""
     def build(g):
@@ -449,6 +468,8 @@ CASES: dict[str, Case] = {
     "multi_head_attention_padding": Case(_multi_head(rotary=False, causal=False,
                                                      mask_type=t(F, 2, 1, 1, S)),
                                          {"m": (-2, 2)}),
+    "paged_attention": Case(_paged(rotary=True), _PAGED_RANGES),
+    "paged_attention_window": Case(_paged(rotary=False), _PAGED_RANGES),
     "fused_linear_gelu": Case(_fused_linear("out_in", "gelu")),
     "fused_linear_in_out_silu": Case(_fused_linear("in_out", "silu")),
     "gated_mlp": Case(_gated_mlp),

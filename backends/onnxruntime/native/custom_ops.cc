@@ -1,4 +1,5 @@
-// dayzero's ONNX Runtime custom-op library: domain "ai.dayzero", op CausalAttention.
+// dayzero's ONNX Runtime custom-op library: domain "ai.dayzero", ops CausalAttention and
+// PagedAttention (paged_op.cc).
 //
 // CausalAttention(query, key?, value?, cos_cache?, sin_cache?) -> output
 //   query  [batch, seq, num_heads * head_size], or [batch, seq, (num_heads + 2 * kv_num_heads)
@@ -24,6 +25,10 @@
 
 #include "causal_attention.h"
 #include "ort_abi.h"
+
+namespace dayzero {
+const ort::CustomOp* PagedAttentionOp();  // paged_op.cc
+}  // namespace dayzero
 
 namespace {
 
@@ -271,6 +276,8 @@ extern "C" __attribute__((visibility("default"))) ort::Status* RegisterCustomOps
     ort::CustomOpDomain* domain = nullptr;
     if (ort::Status* status = api->CreateCustomOpDomain(kDomain, &domain)) return status;
     if (ort::Status* status = api->CustomOpDomainAdd(domain, &kCausalAttention)) return status;
+    if (ort::Status* status = api->CustomOpDomainAdd(domain, dayzero::PagedAttentionOp()))
+      return status;
     return api->AddCustomOpDomain(options, domain);
   } catch (...) {
     return Failure(api, "RegisterCustomOps");

@@ -1,0 +1,366 @@
+// Paged attention of a generation step: see paged_attention.h for what and why.
+//
+// Two parallel phases. The first (one task per token) rotates the step's new keys into `new_k`
+// and copies its values into `new_v`: those are outputs anyway (the runtime writes them into the
+// pool), and the second phase reads a new token's key from there, exactly as it reads a cached
+// key from the pool. The second has one task per token, kv head and tile of up to kHeadTile of
+// the query heads that share it (GQA: each scattered key and value row is fetched from memory
+// once for its whole group, not once per query head; a decode step is bound by those fetches).
+// A task rotates its query rows, then walks the token's visible keys in chunks of kChunk:
+// it prefetches the next chunk's rows into L2, locates this chunk's, scores them (each 8
+// channels of a key loaded once for the whole tile), raises each head's running maximum
+// once per chunk (one rescale of the accumulator, not one per key), and adds the chunk's
+// weighted value rows (8 output channels of every head kept in registers over the chunk).
+// The AVX2 + FMA functions run where the CPU has them, the scalar ones elsewhere. A task's
+// state (query and output rows, a chunk's scores) is on the stack: the kernel allocates nothing.
+//
+// Non-finite numbers: the maxima keep NaN, so a NaN score makes the row NaN as the softmax does;
+// +Inf scores make Inf - Inf = NaN as there; a chunk whose scores are all -Inf while the running
+// maximum is still -Inf weighs 0 (the decomposition's exp(-inf - max) once a finite score comes,
+// and a NaN row through 0 / 0 if none does); rescaling by exp(old - new) = 0 turns an Inf that
+// earlier values put in the accumulator into NaN, as the dense product's 0 * Inf does.
+#include "paged_attention.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <limits>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define DZ_PAGED_X86 1
+#define DZ_PAGED_AVX2 __attribute__((target("avx2,fma")))
+#else
+#define DZ_PAGED_X86 0
+#endif
+
+namespace dayzero {
+namespace {
+
+constexpr int64_t kChunk = 32;  // keys scored before the running maximum is updated
+constexpr int64_t kHeadTile = 8;  // query heads of one kv head per task (stack: 64 kB at most)
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+enum Failure : int { kNone = 0, kBadSequence = 1, kBadSlot = 2 };
+
+struct Shared {
+  const PagedProblem* p;
+  bool vectorized;
+  std::atomic<int> failure{kNone};
+};
+
+// x * cos + rotate_half(x) * sin over one head (rotate_half(x) = concat(-x2, x1)), or a copy.
+void RotateHead(const float* x, const float* c, const float* s, int64_t size, float* dst) {
+  if (c == nullptr) {
+    std::copy(x, x + size, dst);
+    return;
+  }
+  const int64_t half = size / 2;
+  for (int64_t i = 0; i < half; ++i) dst[i] = x[i] * c[i] - x[i + half] * s[i];
+  for (int64_t i = half; i < size; ++i) dst[i] = x[i] * c[i] + x[i - half] * s[i];
+}
+
+inline float MaxKeepNaN(float a, float b) {
+  return (std::isnan(a) || std::isnan(b)) ? kNaN : std::max(a, b);
+}
+
+// A chunk's visible rows: up to kChunk key rows and their value rows.
+struct Chunk {
+  const float* keys[kChunk];
+  const float* values[kChunk];
+  int64_t n;
+};
+
+// scores[r][i] = q[r] . keys[i] for the tile's `heads` query rows, without SIMD.
+void ScoreScalar(int64_t heads, float* const* q, const Chunk& c, int64_t size,
+                 float (*scores)[kChunk]) {
+  for (int64_t i = 0; i < c.n; ++i) {
+    for (int64_t r = 0; r < heads; ++r) {
+      float acc = 0.0f;
+      for (int64_t d = 0; d < size; ++d) acc += q[r][d] * c.keys[i][d];
+      scores[r][i] = acc;
+    }
+  }
+}
+
+// acc[r] += sum over i of probs[r][i] * values[i], without SIMD.
+void WeighScalar(int64_t heads, float* const* acc, const Chunk& c, int64_t v_size,
+                 const float (*probs)[kChunk]) {
+  for (int64_t i = 0; i < c.n; ++i) {
+    for (int64_t r = 0; r < heads; ++r) {
+      for (int64_t d = 0; d < v_size; ++d) acc[r][d] += probs[r][i] * c.values[i][d];
+    }
+  }
+}
+
+#if DZ_PAGED_X86
+DZ_PAGED_AVX2 inline float HorizontalSum(__m256 x) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// ScoreScalar for R query rows: each 8 channels of a key are loaded once for all R rows.
+template <int R>
+DZ_PAGED_AVX2 void ScoreAvx2(float* const* q, const Chunk& c, int64_t size,
+                             float (*scores)[kChunk]) {
+  for (int64_t i = 0; i < c.n; ++i) {
+    const float* key = c.keys[i];
+    __m256 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    int64_t d = 0;
+    for (; d + 8 <= size; d += 8) {
+      const __m256 k = _mm256_loadu_ps(key + d);
+      for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + d), k, acc[r]);
+    }
+    for (int r = 0; r < R; ++r) {
+      float sum = HorizontalSum(acc[r]);
+      for (int64_t e = d; e < size; ++e) sum += q[r][e] * key[e];
+      scores[r][i] = sum;
+    }
+  }
+}
+
+// WeighScalar for R rows: 8 output channels of every row stay in registers over the chunk's
+// values, so the output rows are read and written once per chunk, not once per key.
+template <int R>
+DZ_PAGED_AVX2 void WeighAvx2(float* const* acc, const Chunk& c, int64_t v_size,
+                             const float (*probs)[kChunk]) {
+  int64_t d = 0;
+  for (; d + 8 <= v_size; d += 8) {
+    __m256 sum[R];
+    for (int r = 0; r < R; ++r) sum[r] = _mm256_loadu_ps(acc[r] + d);
+    for (int64_t i = 0; i < c.n; ++i) {
+      const __m256 v = _mm256_loadu_ps(c.values[i] + d);
+      for (int r = 0; r < R; ++r)
+        sum[r] = _mm256_fmadd_ps(_mm256_set1_ps(probs[r][i]), v, sum[r]);
+    }
+    for (int r = 0; r < R; ++r) _mm256_storeu_ps(acc[r] + d, sum[r]);
+  }
+  for (; d < v_size; ++d) {
+    for (int64_t i = 0; i < c.n; ++i) {
+      for (int r = 0; r < R; ++r) acc[r][d] += probs[r][i] * c.values[i][d];
+    }
+  }
+}
+
+using ScoreFn = void (*)(float* const*, const Chunk&, int64_t, float (*)[kChunk]);
+using WeighFn = void (*)(float* const*, const Chunk&, int64_t, const float (*)[kChunk]);
+// Indexed by the tile's number of query heads, 1 to kHeadTile.
+static_assert(kHeadTile == 8, "one ScoreAvx2 and WeighAvx2 per tile size");
+constexpr ScoreFn kScoreAvx2[kHeadTile + 1] = {
+    nullptr, ScoreAvx2<1>, ScoreAvx2<2>, ScoreAvx2<3>, ScoreAvx2<4>,
+    ScoreAvx2<5>, ScoreAvx2<6>, ScoreAvx2<7>, ScoreAvx2<8>};
+constexpr WeighFn kWeighAvx2[kHeadTile + 1] = {
+    nullptr, WeighAvx2<1>, WeighAvx2<2>, WeighAvx2<3>, WeighAvx2<4>,
+    WeighAvx2<5>, WeighAvx2<6>, WeighAvx2<7>, WeighAvx2<8>};
+#endif
+
+void Score(bool vectorized, int64_t heads, float* const* q, const Chunk& c, int64_t size,
+           float (*scores)[kChunk]) {
+#if DZ_PAGED_X86
+  if (vectorized) return kScoreAvx2[heads](q, c, size, scores);
+#endif
+  (void)vectorized;
+  ScoreScalar(heads, q, c, size, scores);
+}
+
+void Weigh(bool vectorized, int64_t heads, float* const* acc, const Chunk& c, int64_t v_size,
+           const float (*probs)[kChunk]) {
+#if DZ_PAGED_X86
+  if (vectorized) return kWeighAvx2[heads](acc, c, v_size, probs);
+#endif
+  (void)vectorized;
+  WeighScalar(heads, acc, c, v_size, probs);
+}
+
+// Phase 1: token t's rotated keys and its values, in the pool's [kv_heads, size] row layout.
+void NewKeysAndValues(void* data, size_t index) noexcept {
+  const PagedProblem& p = *static_cast<Shared*>(data)->p;
+  const int64_t t = static_cast<int64_t>(index);
+  const float* c = p.cos ? p.cos + t * p.head_size : nullptr;
+  const float* s = p.sin ? p.sin + t * p.head_size : nullptr;
+  for (int64_t g = 0; g < p.kv_heads; ++g) {
+    RotateHead(p.k + (t * p.kv_heads + g) * p.head_size, c, s, p.head_size,
+               p.new_k + (t * p.kv_heads + g) * p.head_size);
+  }
+  const float* v = p.v + t * p.kv_heads * p.v_size;
+  std::copy(v, v + p.kv_heads * p.v_size, p.new_v + t * p.kv_heads * p.v_size);
+}
+
+void Fail(Shared& k, Failure why) {
+  int expected = kNone;
+  k.failure.compare_exchange_strong(expected, why);
+}
+
+// Where key slot `slot` of kv head g lives: the pool, or this step's new keys. False when the
+// slot is outside both.
+inline bool Locate(const PagedProblem& p, int64_t slot, int64_t g, const float** key,
+                   const float** value) {
+  if (slot >= 0) {
+    if (slot >= p.pool_slots) return false;
+    *key = p.k_cache + (slot * p.kv_heads + g) * p.head_size;
+    *value = p.v_cache + (slot * p.kv_heads + g) * p.v_size;
+    return true;
+  }
+  const int64_t token = -2 - slot;
+  if (token >= p.tokens) return false;
+  *key = p.new_k + (token * p.kv_heads + g) * p.head_size;
+  *value = p.new_v + (token * p.kv_heads + g) * p.v_size;
+  return true;
+}
+
+// Asks for a row's cache lines in L2 (not L1: the rows of one kv head are a pool slot's width
+// apart, a power of two that maps them to a few L1 sets, where a chunk of them would evict the
+// query and output rows and each other).
+inline void Prefetch(const float* row, int64_t floats) {
+  const char* bytes = reinterpret_cast<const char*>(row);
+  for (int64_t b = 0; b < floats * 4; b += 64) __builtin_prefetch(bytes + b, 0, 1);
+}
+
+// Prefetches the key and value rows of slots [first, last) of kv head g (the next chunk, while
+// this one is computed); slots that Locate refuses are skipped here and reported there.
+void PrefetchChunk(const PagedProblem& p, const int64_t* slots, int64_t first, int64_t last,
+                   int64_t g) {
+  for (int64_t j = first; j < last; ++j) {
+    const float *key, *value;
+    if (slots[j] != -1 && Locate(p, slots[j], g, &key, &value)) {
+      Prefetch(key, p.head_size);
+      Prefetch(value, p.v_size);
+    }
+  }
+}
+
+inline int64_t Tiles(const PagedProblem& p) {
+  return (p.num_heads / p.kv_heads + kHeadTile - 1) / kHeadTile;
+}
+
+// Phase 2: up to kHeadTile query heads of token t that share kv head g, online softmax over the
+// token's visible keys. Each key and value row is read once for all the tile's heads.
+void Attend(void* data, size_t index) noexcept {
+  Shared& k = *static_cast<Shared*>(data);
+  const PagedProblem& p = *k.p;
+  const int64_t tiles = Tiles(p), group = p.num_heads / p.kv_heads;
+  const int64_t t = static_cast<int64_t>(index) / (p.kv_heads * tiles);
+  const int64_t g = static_cast<int64_t>(index) / tiles % p.kv_heads;
+  const int64_t first = g * group + static_cast<int64_t>(index) % tiles * kHeadTile;
+  const int64_t heads = std::min(kHeadTile, (g + 1) * group - first);
+  const int64_t size = p.head_size, v_size = p.v_size;
+  float* out = p.out + (t * p.num_heads + first) * v_size;
+  const int64_t seq = p.token_seq[t];
+  if (seq < 0 || seq >= p.sequences) {
+    Fail(k, kBadSequence);
+    std::fill(out, out + heads * v_size, kNaN);
+    return;
+  }
+  const int64_t* slots = p.seq_slots + seq * p.length;
+  const int64_t seen = p.token_len[t];
+  const int64_t end = std::min(seen, p.length);
+  const int64_t begin = p.window > 0 ? std::max<int64_t>(0, seen - p.window) : 0;
+
+  // Rows packed at their own width: a 4 kB stride would put every head's row in the same L1 sets
+  float q_rows[kHeadTile * kPagedMaxHeadSize], acc_rows[kHeadTile * kPagedMaxHeadSize];
+  float* q[kHeadTile];
+  float* acc[kHeadTile];
+  for (int64_t r = 0; r < heads; ++r) {
+    q[r] = q_rows + r * size;
+    acc[r] = acc_rows + r * v_size;
+  }
+  float peak[kHeadTile], sum[kHeadTile], scores[kHeadTile][kChunk];
+  const float* c = p.cos ? p.cos + t * size : nullptr;
+  const float* s = p.sin ? p.sin + t * size : nullptr;
+  for (int64_t r = 0; r < heads; ++r) {
+    RotateHead(p.q + (t * p.num_heads + first + r) * size, c, s, size, q[r]);
+    std::fill(acc[r], acc[r] + v_size, 0.0f);
+    peak[r] = kNegInf;
+    sum[r] = 0.0f;
+  }
+  Chunk chunk;
+  PrefetchChunk(p, slots, begin, std::min(begin + kChunk, end), g);
+  for (int64_t j0 = begin; j0 < end; j0 += kChunk) {
+    PrefetchChunk(p, slots, j0 + kChunk, std::min(j0 + 2 * kChunk, end), g);
+    chunk.n = 0;
+    for (int64_t j = j0; j < std::min(j0 + kChunk, end); ++j) {
+      if (slots[j] == -1) continue;  // padding: hidden
+      if (!Locate(p, slots[j], g, &chunk.keys[chunk.n], &chunk.values[chunk.n]))
+        return Fail(k, kBadSlot);
+      ++chunk.n;
+    }
+    const int64_t n = chunk.n;
+    Score(k.vectorized, heads, q, chunk, size, scores);
+    for (int64_t r = 0; r < heads; ++r) {
+      for (int64_t i = 0; i < n; ++i) {
+        scores[r][i] *= p.scale;
+        if (p.softcap != 0.0f) scores[r][i] = std::tanh(scores[r][i] / p.softcap) * p.softcap;
+      }
+      float top = peak[r];
+      for (int64_t i = 0; i < n; ++i) top = MaxKeepNaN(top, scores[r][i]);
+      if (!(top == peak[r])) {  // a new maximum, or NaN: rescale what was accumulated
+        const float alpha = std::exp(peak[r] - top);
+        for (int64_t d = 0; d < v_size; ++d) acc[r][d] *= alpha;
+        sum[r] *= alpha;
+        peak[r] = top;
+      }
+      for (int64_t i = 0; i < n; ++i) {  // exp(-inf - -inf) would be NaN: all -inf weigh 0
+        scores[r][i] = peak[r] == kNegInf ? 0.0f : std::exp(scores[r][i] - peak[r]);
+        sum[r] += scores[r][i];
+      }
+    }
+    Weigh(k.vectorized, heads, acc, chunk, v_size, scores);
+  }
+  for (int64_t r = 0; r < heads; ++r) {
+    const float inv = 1.0f / sum[r];  // Inf when no key weighed anything: 0 * Inf is NaN
+    for (int64_t d = 0; d < v_size; ++d) out[r * v_size + d] = acc[r][d] * inv;
+  }
+}
+
+bool Vectorized() {
+#if DZ_PAGED_X86
+  static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return supported;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+const char* PagedAttentionCheck(const PagedProblem& p) {
+  if (p.tokens < 0 || p.pool_slots < 0 || p.sequences < 0 || p.length < 0)
+    return "negative tokens, pool slots, sequences or slot-list length";
+  if (p.num_heads <= 0 || p.kv_heads <= 0 || p.num_heads > kPagedMaxHeads ||
+      p.num_heads % p.kv_heads)
+    return "num_heads must be 1 to 1024 and a multiple of kv_num_heads (which must be positive)";
+  if (p.head_size <= 0 || p.head_size > kPagedMaxHeadSize || p.v_size <= 0 ||
+      p.v_size > kPagedMaxHeadSize)
+    return "the query/key and value head sizes must be 1 to 1024";
+  if ((p.cos == nullptr) != (p.sin == nullptr)) return "cos and sin come together";
+  if (p.cos && p.head_size % 2) return "rotary needs an even head size";
+  if (p.cos && p.cos_rows < p.tokens) return "the rotary tables have fewer rows than tokens";
+  if (p.window < 0) return "window must be positive (0: none)";
+  if (!std::isfinite(p.scale) || !std::isfinite(p.softcap))
+    return "scale and softcap must be finite";
+  return nullptr;
+}
+
+const char* PagedAttention(const PagedProblem& p, ParallelFor parallel_for, void* runner) {
+  if (const char* why = PagedAttentionCheck(p)) return why;
+  if (p.tokens == 0) return nullptr;
+  Shared k;
+  k.p = &p;
+  k.vectorized = Vectorized();
+  parallel_for(runner, NewKeysAndValues, &k, static_cast<size_t>(p.tokens));
+  parallel_for(runner, Attend, &k, static_cast<size_t>(p.tokens * p.kv_heads * Tiles(p)));
+  switch (k.failure.load()) {
+    case kBadSequence:
+      return "a token's sequence (token_seq) is not a row of seq_slots";
+    case kBadSlot:
+      return "a visible slot of seq_slots is outside the pool or this step's tokens";
+    default:
+      return nullptr;
+  }
+}
+
+}  // namespace dayzero
