@@ -121,7 +121,8 @@ def test_mask_prover_reads_each_node_once_across_attention_nodes(monkeypatch):
 
     text = attention(ARANGE + "%mask: bool[s0, s0] = le(%col, %row)").replace(
         "  return %o", "  %o2: f32[1, 2, s0, 8] = scaled_dot_product_attention(%o, %k, %v, "
-        "%mask) {is_causal=false, scale=0.35, enable_gqa=false}\n  return %o2")
+        "%mask) {is_causal=false, scale=0.35, enable_gqa=false, window=none, "
+        "softcap=none}\n  return %o2")
     graph = parse_ir(text)
     seen = []
     real = rcm.MaskProver._transfer

@@ -29,9 +29,9 @@ from passes.recognize_causal_masks import MaskProver
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 PASS = "recognize_causal_masks"
 SDPA_IN = ("  %o: f32[1, 2, s0, 8] = scaled_dot_product_attention(%q, %k, %v, %mask) "
-           "{is_causal=false, scale=0.35, enable_gqa=false}")
+           "{is_causal=false, scale=0.35, enable_gqa=false, window=none, softcap=none}")
 SDPA_OUT = ("  %o: f32[1, 2, s0, 8] = scaled_dot_product_attention(%q, %k, %v, _) "
-            "{is_causal=true, scale=0.35, enable_gqa=false}")
+            "{is_causal=true, scale=0.35, enable_gqa=false, window=none, softcap=none}")
 
 
 def attention(body: str, symbols: str = "symbol s0 in [2, 64]", extra: str = "") -> str:
@@ -201,7 +201,7 @@ def test_different_query_and_key_lengths_are_kept(run_pass):
           %c: i64[s1] = arange() {start=0, end=s1, step=1, dtype=i64}
           %row: i64[s0, 1] = reshape(%r) {shape=[s0, 1]}
           %mask: bool[s0, s1] = le(%c, %row)
-          %o: f32[1, 2, s0, 8] = scaled_dot_product_attention(%q, %k, %v, %mask) {is_causal=false, scale=0.35, enable_gqa=false}
+          %o: f32[1, 2, s0, 8] = scaled_dot_product_attention(%q, %k, %v, %mask) {is_causal=false, scale=0.35, enable_gqa=false, window=none, softcap=none}
           return %o
         }
     """  # noqa: E501
