@@ -216,14 +216,17 @@ def _causal_sdpa(q, k, v, scale, enable_gqa, window=None, softcap=None):
 
 
 def _softcapped_sdpa(q, k, v, mask, scale, enable_gqa, softcap):
-    """The math backend's order with the scores softcapped before the mask is applied."""
+    """The math backend's order with the scores softcapped before the mask is applied, and its
+    safe softmax: a row whose every score is -inf attends to nothing (zeros, not NaN)."""
     import torch
 
     scores, v = _scores(q, k, v, scale, enable_gqa, softcap)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool \
             else scores + mask
-    return torch.softmax(scores, dim=-1) @ v
+    probs = torch.softmax(scores, dim=-1)
+    hidden = (scores == float("-inf")).all(dim=-1, keepdim=True)
+    return probs.masked_fill(hidden, 0.0) @ v
 
 
 define("scaled_dot_product_attention", "q k v mask?", _sdpa_rule, _sdpa, "attention",
