@@ -404,6 +404,7 @@ CASES: dict[str, Case] = {
     "sdpa_bool_mask": Case(_sdpa("bool")),
     "sdpa_float_mask": Case(_sdpa("float", scale=0.3)),
     "sdpa_gqa_causal": Case(_sdpa(gqa=True, is_causal=True)),
+    "sdpa_window": Case(_sdpa(gqa=True, is_causal=True, window=3)),
     "sdpa_window_softcap": Case(_sdpa(gqa=True, is_causal=True, window=3, softcap=2.0)),
     "sdpa_softcap_mask": Case(_sdpa("bool", softcap=1.5)),
     "sum": Case(_reduce("sum", dims=[1, 2])),
