@@ -81,7 +81,7 @@ class MaskProver:
         window (see `window`); otherwise the reason."""
         return self.verdict(node).why
 
-    def verdict(self, node: Node) -> Verdict:
+    def verdict(self, node: Node) -> MaskVerdict:
         """Whether `node`'s mask is provably `key <= query` (and `key > query - w` for one
         constant w: a sliding window), for a scaled_dot_product_attention or a
         multi_head_attention with a mask operand."""
@@ -89,37 +89,38 @@ class MaskProver:
         mask = node.inputs[site.mask_index]
         m = mask.type
         if not same_dim(site.query_length, site.key_length):
-            return Verdict("query and key lengths are not provably equal")
+            return MaskVerdict("query and key lengths are not provably equal")
         if m.rank < 2 or m.rank > len(site.lead) + 2 or not (
                 same_dim(m.shape[-2], site.query_length)
                 and same_dim(m.shape[-1], site.key_length)):
-            return Verdict(f"mask shape {list(m.shape)} is not [..., L, L] for this attention")
+            return MaskVerdict(f"mask shape {list(m.shape)} is not [..., L, L] for this attention")
         lead = len(site.lead) + 2 - m.rank
         if not all(n == 1 or same_dim(n, site.lead[lead + j])
                    for j, n in enumerate(m.shape[:-2])):
-            return Verdict(f"mask shape {list(m.shape)} broadcasts beyond the attention's "
+            return MaskVerdict(f"mask shape {list(m.shape)} broadcasts beyond the attention's "
                            "batch dims")
         if m.dtype.is_float and m.dtype != node.inputs[0].dtype:
-            return Verdict("an additive mask of another dtype than the queries")
+            return MaskVerdict("an additive mask of another dtype than the queries")
         x = self.expression(mask)
         if x is None:
-            return Verdict("the mask depends on a graph input or on an op this pass cannot read")
+            return MaskVerdict("the mask depends on a graph input or on an op this pass "
+                               "cannot read")
         allowed = _allowed_values(x, m.dtype, self.ranges)
         if allowed is None:
-            return Verdict("an additive mask whose values are not 0 and -inf (or the dtype's "
+            return MaskVerdict("an additive mask whose values are not 0 and -inf (or the dtype's "
                            "minimum)")
         row, col = INDEX[m.rank - 2], INDEX[m.rank - 1]
         if allowed == ix.make_atom("le", col - row):
-            return Verdict(None)
+            return MaskVerdict(None)
         window = _sliding_window(allowed, row, col, ix.Context.of(x.shape, self.ranges))
         if window is not None:
-            return Verdict(None, window)
-        return Verdict(f"the mask is {allowed} over (query, key) = {row}, {col}, not key <= "
+            return MaskVerdict(None, window)
+        return MaskVerdict(f"the mask is {allowed} over (query, key) = {row}, {col}, not key <= "
                        "query (nor that within a constant sliding window)")
 
 
 @dataclass(frozen=True)
-class Verdict:
+class MaskVerdict:
     """`why` the mask is not causal (None: it is), and the sliding `window` it keeps (None:
     none) when it is."""
 
@@ -192,11 +193,11 @@ class MaskProof:
     """Every attention with a mask operand and is_causal=false, with its verdict: why its mask
     is not causal, or the sliding window it keeps when it is."""
 
-    verdicts: dict[Node, Verdict]
+    verdicts: dict[Node, MaskVerdict]
 
 
 def _describe(graph: Graph, proof: MaskProof) -> list[str]:
-    def line(verdict: Verdict) -> str:
+    def line(verdict: MaskVerdict) -> str:
         if verdict.why is not None:
             return f"not causal: {verdict.why}"
         return "causal" if verdict.window is None else f"causal, window {verdict.window}"
