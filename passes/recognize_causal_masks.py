@@ -1,4 +1,5 @@
-"""recognize_causal_masks: prove an in-graph attention mask causal, then use is_causal=true."""
+"""recognize_causal_masks: prove an in-graph attention mask causal (maybe within a sliding
+window), then use is_causal=true (and window=w)."""
 
 from __future__ import annotations
 
@@ -76,30 +77,97 @@ class MaskProver:
         return ix.constant(value.shape, ix.kind_of(value.dtype), first)
 
     def why_not_causal(self, node: Node) -> str | None:
-        """None when `node`'s mask provably equals the causal mask; otherwise the reason."""
-        q, k, mask = node.inputs[0].type, node.inputs[1].type, node.inputs[3]
+        """None when `node`'s mask provably equals the causal mask, with or without a sliding
+        window (see `window`); otherwise the reason."""
+        return self.verdict(node).why
+
+    def verdict(self, node: Node) -> MaskVerdict:
+        """Whether `node`'s mask is provably `key <= query` (and `key > query - w` for one
+        constant w: a sliding window), for a scaled_dot_product_attention or a
+        multi_head_attention with a mask operand."""
+        site = _Site.of(node)
+        mask = node.inputs[site.mask_index]
         m = mask.type
-        if not same_dim(q.shape[-2], k.shape[-2]):
-            return "query and key lengths are not provably equal"
-        if m.rank < 2 or m.rank > q.rank or not (same_dim(m.shape[-2], q.shape[-2])
-                                                 and same_dim(m.shape[-1], k.shape[-2])):
-            return f"mask shape {list(m.shape)} is not [..., L, L] for this attention"
-        lead = q.rank - m.rank
-        if not all(n == 1 or same_dim(n, q.shape[lead + j]) for j, n in enumerate(m.shape[:-2])):
-            return f"mask shape {list(m.shape)} broadcasts beyond the attention's batch dims"
-        if m.dtype.is_float and m.dtype != q.dtype:
-            return "an additive mask of another dtype than the queries"
+        if not same_dim(site.query_length, site.key_length):
+            return MaskVerdict("query and key lengths are not provably equal")
+        if m.rank < 2 or m.rank > len(site.lead) + 2 or not (
+                same_dim(m.shape[-2], site.query_length)
+                and same_dim(m.shape[-1], site.key_length)):
+            return MaskVerdict(f"mask shape {list(m.shape)} is not [..., L, L] for this attention")
+        lead = len(site.lead) + 2 - m.rank
+        if not all(n == 1 or same_dim(n, site.lead[lead + j])
+                   for j, n in enumerate(m.shape[:-2])):
+            return MaskVerdict(f"mask shape {list(m.shape)} broadcasts beyond the attention's "
+                           "batch dims")
+        if m.dtype.is_float and m.dtype != node.inputs[0].dtype:
+            return MaskVerdict("an additive mask of another dtype than the queries")
         x = self.expression(mask)
         if x is None:
-            return "the mask depends on a graph input or on an op this pass cannot read"
-        causal = ix.make_atom("le", INDEX[m.rank - 1] - INDEX[m.rank - 2])
+            return MaskVerdict("the mask depends on a graph input or on an op this pass "
+                               "cannot read")
         allowed = _allowed_values(x, m.dtype, self.ranges)
         if allowed is None:
-            return "an additive mask whose values are not 0 and -inf (or the dtype's minimum)"
-        if allowed != causal:
-            return f"the mask is {allowed} over (query, key) = {INDEX[m.rank - 2]}, " \
-                   f"{INDEX[m.rank - 1]}, not key <= query"
+            return MaskVerdict("an additive mask whose values are not 0 and -inf (or the dtype's "
+                           "minimum)")
+        row, col = INDEX[m.rank - 2], INDEX[m.rank - 1]
+        if allowed == ix.make_atom("le", col - row):
+            return MaskVerdict(None)
+        window = _sliding_window(allowed, row, col, ix.Context.of(x.shape, self.ranges))
+        if window is not None:
+            return MaskVerdict(None, window)
+        return MaskVerdict(f"the mask is {allowed} over (query, key) = {row}, {col}, not key <= "
+                       "query (nor that within a constant sliding window)")
+
+
+@dataclass(frozen=True)
+class MaskVerdict:
+    """`why` the mask is not causal (None: it is), and the sliding `window` it keeps (None:
+    none) when it is."""
+
+    why: str | None
+    window: int | None = None
+
+
+@dataclass(frozen=True)
+class _Site:
+    """Where an attention op keeps its mask, its query and key lengths, and the batch dims a
+    mask may broadcast over (the ops lay their operands out differently)."""
+
+    mask_index: int
+    query_length: object
+    key_length: object
+    lead: tuple
+
+    @classmethod
+    def of(cls, node: Node) -> _Site:
+        q, k = node.inputs[0].type, node.inputs[1].type
+        if node.op == "multi_head_attention":  # [b, s, h * d]; the mask [b, h, s, s]
+            return cls(5, q.shape[1], k.shape[1], (q.shape[0], node.attrs["num_heads"]))
+        return cls(3, q.shape[-2], k.shape[-2], tuple(q.shape[:-2]))
+
+
+def _sliding_window(allowed, row, col, ctx: ix.Context) -> int | None:
+    """w when `allowed` is `key <= query and key > query - w` for a constant w >= 1 (how
+    transformers' sliding_window_overlay reads `kv_idx > q_idx - sliding_window`), else None.
+    The candidate is rebuilt from w and simplified in the same context, so the comparison is
+    structural on canonical atoms: a proof, not a pattern."""
+    if not isinstance(allowed, sympy.And):
         return None
+    for atom in allowed.args:
+        parts = ix.atom_parts(atom) if isinstance(atom, sympy.core.relational.Relational) \
+            else None
+        split = None if parts is None or parts[0] != "le" else \
+            ix.linear_terms(parts[1], frozenset({row, col}))
+        if split is None or split[0] != {row: 1, col: -1} or not split[1].is_Integer:
+            continue
+        window = 1 - int(split[1])  # row - col + c <= 0  <=>  col > row - (1 - c)
+        if window < 1:
+            continue
+        candidate = sympy.And(ix.make_atom("le", col - row),
+                              ix.make_atom("le", row - col + 1 - window))
+        if ix.simplify_formula(candidate, ctx) == allowed:
+            return window
+    return None
 
 
 def _allowed_values(x: Indexed, dtype: DType, ranges):
@@ -117,56 +185,66 @@ def _allowed_values(x: Indexed, dtype: DType, ranges):
 
 
 CAUSAL_MASKS = "causal_masks"
+ATTENTION_OPS = frozenset({"scaled_dot_product_attention", "multi_head_attention"})
 
 
 @dataclass(frozen=True)
 class MaskProof:
-    """Every attention with a mask operand and is_causal=false, with why its mask is not the
-    causal mask (None: it provably is)."""
+    """Every attention with a mask operand and is_causal=false, with its verdict: why its mask
+    is not causal, or the sliding window it keeps when it is."""
 
-    verdicts: dict[Node, str | None]
+    verdicts: dict[Node, MaskVerdict]
 
 
 def _describe(graph: Graph, proof: MaskProof) -> list[str]:
-    return [f"%{node.outputs[0].name}: " + ("causal" if why is None else f"not causal: {why}")
-            for node, why in proof.verdicts.items()]
+    def line(verdict: MaskVerdict) -> str:
+        if verdict.why is not None:
+            return f"not causal: {verdict.why}"
+        return "causal" if verdict.window is None else f"causal, window {verdict.window}"
+    return [f"%{node.outputs[0].name}: {line(v)}" for node, v in proof.verdicts.items()]
 
 
 @register_analysis(CAUSAL_MASKS, "which attention masks are provably causal, or why not",
                    _describe)
 def prove_masks(graph: Graph) -> MaskProof:
     prover = MaskProver(graph)
-    return MaskProof({node: prover.why_not_causal(node) for node in graph.nodes
-                      if node.op == "scaled_dot_product_attention"
-                      and not node.attrs["is_causal"] and node.inputs[3] is not None})
+    return MaskProof({node: prover.verdict(node) for node in graph.nodes
+                      if node.op in ATTENTION_OPS and not node.attrs["is_causal"]
+                      and node.inputs[_Site.of(node).mask_index] is not None})
 
 
 @register_pass
 @dataclass(frozen=True)
 class RecognizeCausalMasks(Pass):
-    """Replace a materialized causal mask on scaled_dot_product_attention by is_causal=true.
+    """Replace a materialized causal mask on scaled_dot_product_attention or
+    multi_head_attention by is_causal=true (and window=w for a sliding window).
 
     Needs: a valid graph; constant weights' data in `graph.weight_data` when the mask reads them.
     Guarantees: an attention whose mask is computed from sizes alone (arange, comparisons,
     slicing, advanced indexing, ... with no graph input among its ancestors) and provably equals
     `key <= query` for every size in the symbols' ranges, with query and key lengths provably
-    equal, loses the mask operand and gets is_causal=true; nothing else changes (the mask's
-    nodes die in eliminate_dead_code). A mask that reads a graph input (a padding mask) or that
-    the proof cannot settle is left alone: the pass never guesses.
+    equal, loses the mask operand and gets is_causal=true; one that provably equals
+    `key <= query and key > query - w` for a constant w also gets window=w. Nothing else
+    changes (the mask's nodes die in eliminate_dead_code). A mask that reads a graph input (a
+    padding mask) or that the proof cannot settle is left alone: the pass never guesses.
     Why: Hugging Face decoders traced by torch.export build the causal mask as a bool
-    [1, 1, S, S] tensor; backends then run a general masked attention, while with is_causal
-    ONNX Runtime uses its causal kernel and the flash kernel skips the upper triangle.
+    [1, 1, S, S] tensor (Mistral's and Gemma 2's with a sliding window); backends then run a
+    general masked attention, while with is_causal ONNX Runtime uses its causal kernel and the
+    flash kernel skips the upper triangle. It also reads multi_head_attention because eager
+    attention (a matmul/softmax chain) only becomes an attention op in fuse: a pipeline runs
+    this pass again after fuse to reach those masks.
     """
 
     name: ClassVar[str] = "recognize_causal_masks"
-    summary: ClassVar[str] = "prove size-only attention masks causal and set is_causal=true"
+    summary: ClassVar[str] = "prove size-only attention masks causal (or sliding-window causal) " \
+        "and set is_causal=true"
 
     def run(self, graph: Graph) -> PassResult:
         changed = False
-        for node, why in graph.analysis(CAUSAL_MASKS).verdicts.items():
-            if why is None:
-                graph.set_input(node, 3, None)
-                node.attrs = {**node.attrs, "is_causal": True}
+        for node, verdict in graph.analysis(CAUSAL_MASKS).verdicts.items():
+            if verdict.why is None:
+                graph.set_input(node, _Site.of(node).mask_index, None)
+                node.attrs = {**node.attrs, "is_causal": True, "window": verdict.window}
                 changed = True
         if changed:  # the attribute edit above bypasses the graph's methods
             mark_changed(graph)

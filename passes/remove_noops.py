@@ -64,7 +64,14 @@ def _slice(node: Node) -> Value | None:
 
 
 def _concat(node: Node) -> Value | None:
-    return node.inputs[0] if len(node.inputs) == 1 else None
+    """concat of one input, or of one input and empty ones (Phi-3's rotary concatenates the
+    rotated head with its pass-through part, of size 0 when the whole head rotates)."""
+    rank = node.output.type.rank
+    dim = node.attrs["dim"] % rank if rank else 0
+    kept = [v for v in node.inputs if not (rank and v.shape[dim] == 0)]
+    if len(kept) == 1 and same_type(kept[0].type, node.output.type):
+        return kept[0]
+    return None
 
 
 def _is_one(value: Value | None) -> bool:
@@ -93,7 +100,7 @@ RULES: dict[str, Rule] = {
     "expand": _identity_if_same_type,  # expand to the same shape
     "cast": _identity_if_same_type,    # cast to the same dtype
     "slice": _slice,                # start=0, step=1, covering the whole dim
-    "concat": _concat,              # concat of one input
+    "concat": _concat,              # concat of one input (and empty ones)
     "mul": _times_one,              # x * 1 (a rotary table scaled by attention_scaling = 1)
     "div": _times_one,              # x / 1
 }
@@ -110,9 +117,9 @@ class RemoveNoops(Pass):
 
     Needs: a valid graph. Rules (table `RULES`): reshape to the same shape, identity permute,
     expand to the same shape, cast to the same dtype, slice with start 0 and step 1 covering the
-    whole dim, concat of one input, multiplication or division by a 0-d constant 1 are removed
-    and their uses (graph outputs included) read the operand instead; reshape(reshape(x))
-    becomes one reshape of x.
+    whole dim, concat of one input (besides empty ones), multiplication or division by a 0-d
+    constant 1 are removed and their uses (graph outputs included) read the operand instead;
+    reshape(reshape(x)) becomes one reshape of x.
     Guarantees: the graph computes the same values with the same types; a graph output that was
     a no-op result is rewired to the operand (so it may become an input or a weight); nodes left
     unused by a collapsed chain are removed, other pre-existing dead code is left to

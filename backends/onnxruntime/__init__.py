@@ -63,10 +63,12 @@ class OnnxRuntimeBackend(Backend):
 
     name = "onnxruntime"
     # Cleanup, then the causal masks proved and dropped, then fusion: its ops are what the
-    # contrib kernels run (GroupQueryAttention, SkipSimplifiedLayerNormalization, ...). No
-    # plan_memory: ONNX Runtime plans its own arena.
+    # contrib kernels run (GroupQueryAttention, SkipSimplifiedLayerNormalization, ...); then the
+    # masks of the attention fusion made from eager matmul/softmax chains (Gemma 2's) proved
+    # too. No plan_memory: ONNX Runtime plans its own arena.
     default_pipeline = ("remove_noops,fold_constants,eliminate_common_subexpressions,"
-                        "recognize_causal_masks,eliminate_dead_code,fuse")
+                        "recognize_causal_masks,eliminate_dead_code,fuse,"
+                        "recognize_causal_masks,eliminate_dead_code")
 
     def capabilities(self) -> Capabilities:
         from .op_table import CONVERTERS, LIMIT_NOTES

@@ -57,6 +57,9 @@ def _hide_future(b: Builder, node: Node, scores: str) -> str:
     q, k = node.inputs[0].type, node.inputs[1].type
     grid = b.op1("ConstantOfShape", [b.dims([q.shape[-2], k.shape[-2]])],
                  value=fill_value(True, DType.bool))
+    window = node.attrs["window"]
+    if window is not None:  # and the keys i - window < j
+        grid = b.op1("Trilu", [grid, b.const(1 - window, DType.i64)], upper=1)
     keep = b.op1("Trilu", [grid, b.const(0, DType.i64)], upper=0)
     return b.op1("Where", [keep, scores, b.const(-math.inf, in_dtype(node))])
 
@@ -87,6 +90,9 @@ def sdpa(b: Builder, node: Node, x: list) -> list:
     perm = list(range(rank - 2)) + [rank - 1, rank - 2]
     scores = b.op1("MatMul", [q, b.op1("Transpose", [k], perm=perm)])
     scores = b.op1("Mul", [scores, b.const(_scale(node), dtype)])
+    if node.attrs["softcap"] is not None:  # softcap * tanh(scores / softcap), before the mask
+        cap = b.const(float(node.attrs["softcap"]), dtype)
+        scores = b.op1("Mul", [b.op1("Tanh", [b.op1("Div", [scores, cap])]), cap])
     bias, valid = mask_terms(b, node, mask)
     if bias is not None:
         scores = b.op1("Add", [scores, bias])
@@ -115,6 +121,8 @@ def mha_fits(node: Node) -> str | None:
         return "key heads differ from query heads without enable_gqa"
     if node.attrs["is_causal"]:
         return CAUSAL_MHA
+    if node.attrs["softcap"] is not None:
+        return "MultiHeadAttention has no softcap"
     if node.attrs["scale"] == 0:
         return "MultiHeadAttention reads scale 0 as 1 / sqrt(head_size)"
     mask = node.inputs[3]

@@ -7,6 +7,7 @@ prompt that is the whole attention block in one kernel: no head transposes, no r
 no slice/neg/concat rotary ops.
 
 It fits a node when the attention is causal with no other mask over equal query and key lengths
+(a sliding window and logit softcapping included: `local_window_size`, `softcap`)
 (GQA's prompt case: no past, `seqlens_k` = length - 1 and `total_sequence_length` = length), and,
 with rotary, when ORT's half-width cos/sin cache can be cut from the graph's tables: one row per
 position shared by every batch and head, whose two halves are provably equal (transformers build
@@ -69,6 +70,8 @@ def causal_fits(node: Node) -> str | None:
     q = node.inputs[0]
     if q.dtype != DType.f32:
         return "CausalAttention runs float32"
+    if node.attrs["window"] is not None or node.attrs["softcap"] is not None:
+        return "CausalAttention has no sliding window or softcap (GroupQueryAttention has both)"
     heads = node.attrs["num_heads"]
     if heads > CAUSAL_MAX_HEADS:
         return f"CausalAttention takes at most {CAUSAL_MAX_HEADS} heads"
@@ -163,9 +166,25 @@ def causal_attention(b: Builder, node: Node, x: list) -> list:
     return [b.op1("CausalAttention", inputs, domain=NATIVE_DOMAIN, **attrs)]
 
 
+def _window_softcap(node: Node) -> dict:
+    """GroupQueryAttention's local_window_size and softcap for the node's window and softcap.
+
+    ORT's CPU kernel (1.32) keeps the last local_window_size keys of each query's causal row,
+    its own included: query i sees keys i - local_window_size < j <= i, exactly dayzero's (and
+    transformers') window, measured against the reference (tests/backends/
+    test_onnxruntime_heads.py, window 1 and 4), although ORT's docs call it the "left window
+    size". -1 and 0.0 are ORT's "off". GQA softcaps the scaled scores, as transformers do.
+    """
+    window, softcap = node.attrs["window"], node.attrs["softcap"]
+    return dict(local_window_size=-1 if window is None else window,
+                softcap=0.0 if softcap is None else float(softcap))
+
+
 def gqa(b: Builder, node: Node, x: list) -> list:
-    """com.microsoft.GroupQueryAttention for the prompt: causal, no past, maybe rotary."""
+    """com.microsoft.GroupQueryAttention for the prompt: causal, no past, maybe rotary, maybe a
+    sliding window and softcapping."""
     (q, k, v, *caches), attrs = _prompt_operands(b, node, x)
+    attrs.update(_window_softcap(node))
     query = node.inputs[0]
     total, seqlens = b.memo(("gqa-lengths", query.shape[0], query.shape[1]),
                             lambda: _lengths(b, query.shape[0], query.shape[1]))
@@ -230,6 +249,8 @@ def mha_fits(node: Node) -> str | None:
         return "rotary runs inside GroupQueryAttention only"
     if q.dtype != DType.f32:
         return "MultiHeadAttention's CPU kernel is float32 only"
+    if node.attrs["softcap"] is not None:
+        return "MultiHeadAttention has no softcap"
     if node.attrs["is_causal"]:
         return CAUSAL_MHA
     if mask is not None:

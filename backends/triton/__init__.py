@@ -82,18 +82,20 @@ def supported_ops() -> frozenset[str]:
 class TritonBackend(Backend):
     name = "triton"
     # Cleanup, causal masks proved, pattern fusion (the attention block stays split: the flash
-    # kernel takes [b, h, s, d] heads), fusion groups (one generated kernel each) and the memory
-    # plan the executable places intermediates with.
+    # kernel takes [b, h, s, d] heads), the masks of attention fused from eager matmul/softmax
+    # chains proved too, fusion groups (one generated kernel each) and the memory plan the
+    # executable places intermediates with.
     default_pipeline = ("remove_noops,fold_constants,eliminate_common_subexpressions,"
-                        "recognize_causal_masks,eliminate_dead_code,fuse{heads=false},fuse_groups,"
-                        "plan_memory")
+                        "recognize_causal_masks,eliminate_dead_code,fuse{heads=false},"
+                        "recognize_causal_masks,eliminate_dead_code,fuse_groups,plan_memory")
 
     def capabilities(self) -> Capabilities:
         return Capabilities(ops=supported_ops(), dtypes=DTYPES, symbolic_shapes=True, notes={
             "pow": "only with a constant exponent in {" +
                    ", ".join(str(e) for e in sorted(POW_EXPONENTS)) + "}",
-            "scaled_dot_product_attention": "flash-style Triton kernel for 4-d float q/k/v; "
-                                            "other ranks run through torch",
+            "scaled_dot_product_attention": "flash-style Triton kernel for 4-d float q/k/v "
+                                            "(sliding window included); other ranks and "
+                                            "softcap run through torch",
             "paged_attention": "Triton kernel (online softmax over the visible slots) for float "
                                "q with rotary tables shared by every head; otherwise its "
                                "decomposition through torch",

@@ -2,9 +2,12 @@
 
 One program per (batch*head, block of queries) streams over the keys in blocks with an online
 softmax (running max and sum), so the [Lq, Lk] score matrix is never written to memory. Masks
-(boolean or additive, broadcast via strides), causal masking (top-left aligned, as torch does)
-and grouped-query heads (`enable_gqa`: query head h reads key/value head h // group) are handled
-in the kernel. Accumulation is fp32 with IEEE dot products, whatever the input dtype.
+(boolean or additive, broadcast via strides), causal masking (top-left aligned, as torch does;
+with a sliding window, query i sees keys i - window < j <= i) and grouped-query heads
+(`enable_gqa`: query head h reads key/value head h // group) are handled in the kernel.
+Accumulation is fp32 with IEEE dot products, whatever the input dtype. Logit softcapping
+(`softcap`) is not in the kernel: `supported` refuses it and the executable runs the op's torch
+reference instead.
 
 This module imports triton at import time: import it only after `backends.triton.device()` has
 chosen between a CUDA device and the interpreter.
@@ -22,8 +25,9 @@ import triton.language as tl
 
 @triton.jit
 def _attention(Q, K, V, M, Out, sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
-               smb, smh, smm, smn, sob, soh, som, sod, H, GROUP, LQ, LK, D, scale,
+               smb, smh, smm, smn, sob, soh, som, sod, H, GROUP, LQ, LK, D, scale, WINDOW,
                HAS_MASK: tl.constexpr, MASK_BOOL: tl.constexpr, CAUSAL: tl.constexpr,
+               HAS_WINDOW: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     bh = tl.program_id(0)
     b = bh // H
@@ -48,6 +52,8 @@ def _attention(Q, K, V, M, Out, sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh
         valid = mm[:, None] & mn[None, :]
         if CAUSAL:
             valid = valid & (offs_n[None, :] <= offs_m[:, None])
+        if HAS_WINDOW:
+            valid = valid & (offs_n[None, :] > offs_m[:, None] - WINDOW)
         if HAS_MASK:
             mv = tl.load(M + b * smb + h * smh + offs_m[:, None] * smm + offs_n[None, :] * smn,
                          mask=mm[:, None] & mn[None, :], other=0)
@@ -81,17 +87,20 @@ def _blocks(device: str, head_dim: int) -> tuple[int, int, int]:
     return (16, 16, block_d) if device == "cpu" else (64, 64, block_d)
 
 
-def supported(q: Any, k: Any, v: Any) -> bool:
-    """Whether the kernel takes these operands (4-d, one head size, float)."""
+def supported(q: Any, k: Any, v: Any, softcap: float | None = None) -> bool:
+    """Whether the kernel takes these operands (4-d, one head size, float) and no softcap."""
     return q.dim() == k.dim() == v.dim() == 4 and q.shape[-1] == k.shape[-1] == v.shape[-1] \
         and q.dtype in (torch.float32, torch.float16, torch.bfloat16) \
-        and q.shape[1] % k.shape[1] == 0
+        and q.shape[1] % k.shape[1] == 0 and softcap is None
 
 
 def attention(q, k, v, mask=None, *, is_causal: bool = False, scale: float | None = None,
-              enable_gqa: bool = False):
+              enable_gqa: bool = False, window: int | None = None,
+              softcap: float | None = None):
     """scaled_dot_product_attention(q, k, v, mask) with the flash kernel; q/k/v [B, H, L, D]."""
     del enable_gqa  # heads are grouped whenever k has fewer heads than q (checked by the IR)
+    if softcap is not None:
+        raise ValueError("the triton attention kernel has no softcap (see `supported`)")
     batch, heads, lq, dim = q.shape
     lk = k.shape[2]
     out = torch.empty_like(q)
@@ -105,7 +114,8 @@ def attention(q, k, v, mask=None, *, is_causal: bool = False, scale: float | Non
     _attention[grid](q, k, v, mask_arg, out, *q.stride(), *k.stride(), *v.stride(), *mstrides,
                      *out.stride(), heads, heads // k.shape[1], lq, lk, dim,
                      1.0 / math.sqrt(dim) if scale is None else float(scale),
-                     HAS_MASK=mask is not None,
+                     0 if window is None else int(window), HAS_MASK=mask is not None,
                      MASK_BOOL=mask is not None and mask.dtype == torch.bool, CAUSAL=is_causal,
+                     HAS_WINDOW=is_causal and window is not None,
                      BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d)
     return out

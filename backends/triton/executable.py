@@ -226,7 +226,7 @@ class TritonExecutable:
         if node.op == "scaled_dot_product_attention":
             from .attention import attention, supported
 
-            if supported(*args[:3]):
+            if supported(*args[:3], softcap=attrs["softcap"]):
                 results = (attention(*args, **attrs),)
                 return self._store(node, results, env)
         if node.op == "paged_attention":

@@ -3,7 +3,8 @@
 - `attention`: `matmul(softmax(matmul(q, k^T) * scale + mask), v)` (transformers'
   eager_attention_forward; the scale may be a multiply, a divide or absent, the mask an additive
   float mask, a bool mask applied with `where(mask, s, -inf)`, or absent; a softmax computed in
-  float32 between casts is accepted) becomes `scaled_dot_product_attention`.
+  float32 between casts is accepted) becomes `scaled_dot_product_attention`. Gemma 2's logit
+  softcapping between the scale and the mask, `tanh(scores / c) * c`, becomes `softcap=c`.
 - `attention_gqa`: k and v expanded to the query heads by repeat_kv (`reshape` to insert a
   head-group axis, `expand`, `reshape` back) feed attention with `enable_gqa=true` on the
   unrepeated k and v, so no repeated copy is ever made.
@@ -31,8 +32,10 @@ def _explicit(op, q, k, v, mask):
     scores = op.matmul(q, op.permute(k, dims=_swaps_last_two), _name="scores")
     scaled = op.any_of(op.mul(scores, op.const(name="scale")),
                        op.div(scores, op.const(name="divisor")), scores)
-    masked = op.any_of(op.add(scaled, mask),
-                       op.where(mask, scaled, op.const(float("-inf"))), scaled)
+    capped = op.any_of(op.mul(op.tanh(op.div(scaled, op.const(name="cap_in"))),
+                              op.const(name="cap_out"), _name="capped"), scaled)
+    masked = op.any_of(op.add(capped, mask),
+                       op.where(mask, capped, op.const(float("-inf"))), capped)
     probs = op.softmax(op.optional("cast", masked), dim=op.capture("dim"))
     return op.matmul(op.optional("cast", probs), v)
 
@@ -47,7 +50,10 @@ def _check_explicit(ctx, q, k, v, dim, scores, mask=None, **_):
     scale = _scale(ctx.match.bindings)
     if scale is None or not math.isfinite(scale):
         return "the scale is not a finite constant"
-    why = misfit("scaled_dot_product_attention", [q, k, v, mask], scale=scale)
+    softcap = _softcap(ctx.match.bindings)
+    if softcap is not None and not (math.isfinite(softcap) and softcap > 0):
+        return "the softcap's divisor and factor are not one positive constant"
+    why = misfit("scaled_dot_product_attention", [q, k, v, mask], scale=scale, softcap=softcap)
     out = ctx.match.anchor.outputs[0]
     if why is None and not same_shape(out, _Dims(out, q.shape[:-1] + (v.shape[-1],))):
         return "the mask broadcasts the scores to more batch dims than q has"
@@ -62,9 +68,17 @@ def _scale(bindings) -> float | None:
     return 1.0
 
 
+def _softcap(bindings) -> float | None:
+    """c of `tanh(scores / c) * c`; NaN when the divisor and the factor differ."""
+    if "cap_in" not in bindings:
+        return None
+    cap_in, cap_out = float(bindings["cap_in"]), float(bindings["cap_out"])
+    return cap_in if cap_in == cap_out else math.nan
+
+
 def _explicit_rewrite(op, q, k, v, mask=None, **bindings):
-    scale = _scale(bindings)
-    return op.scaled_dot_product_attention(q, k, v, mask, scale=scale)
+    return op.scaled_dot_product_attention(q, k, v, mask, scale=_scale(bindings),
+                                           softcap=_softcap(bindings))
 
 
 # -- repeat_kv -----------------------------------------------------------------------------------
@@ -76,7 +90,9 @@ def _repeat_kv(op, x, name: str):
 def _gqa(op, q, k, v, mask):
     return op.scaled_dot_product_attention(q, _repeat_kv(op, k, "k"), _repeat_kv(op, v, "v"), mask,
                                            is_causal=op.capture("is_causal"),
-                                           scale=op.capture("scale"), enable_gqa=False)
+                                           scale=op.capture("scale"), enable_gqa=False,
+                                           window=op.capture("window"),
+                                           softcap=op.capture("softcap"))
 
 
 def _groups(x, unsqueezed, expanded, repeated) -> int | None:
@@ -112,9 +128,9 @@ def _check_gqa(ctx, q, k, v, **b):
     return None
 
 
-def _gqa_rewrite(op, q, k, v, is_causal, scale, mask=None, **_):
+def _gqa_rewrite(op, q, k, v, is_causal, scale, window, softcap, mask=None, **_):
     return op.scaled_dot_product_attention(q, k, v, mask, is_causal=is_causal, scale=scale,
-                                           enable_gqa=True)
+                                           enable_gqa=True, window=window, softcap=softcap)
 
 
 # -- causal masks --------------------------------------------------------------------------------
@@ -131,7 +147,8 @@ def _causal(op, q, k, v):
     mask = op.any_of(_broadcast(op, float_mask), _broadcast(op, bool_mask))
     return op.scaled_dot_product_attention(q, k, v, mask, is_causal=False,
                                            scale=op.capture("scale"),
-                                           enable_gqa=op.capture("enable_gqa"))
+                                           enable_gqa=op.capture("enable_gqa"),
+                                           softcap=op.capture("softcap"))
 
 
 def _check_causal(ctx, q, k, tri, **b):
@@ -152,15 +169,16 @@ def _causal_shape(q, k, tri) -> str | None:
     return None
 
 
-def _causal_rewrite(op, q, k, v, scale, enable_gqa, **_):
+def _causal_rewrite(op, q, k, v, scale, enable_gqa, softcap, **_):
     return op.scaled_dot_product_attention(q, k, v, None, is_causal=True, scale=scale,
-                                           enable_gqa=enable_gqa)
+                                           enable_gqa=enable_gqa, softcap=softcap)
 
 
 def _constant_causal(op, q, k, v, mask):
     return op.scaled_dot_product_attention(q, k, v, mask, is_causal=False,
                                            scale=op.capture("scale"),
-                                           enable_gqa=op.capture("enable_gqa"))
+                                           enable_gqa=op.capture("enable_gqa"),
+                                           softcap=op.capture("softcap"))
 
 
 def _check_constant_causal(ctx, q, k, mask, **_):

@@ -14,7 +14,8 @@ MultiHeadAttention) skips the four transposes and the separate rotary ops. Backe
 get the same nodes back from its decomposition. The split must be exactly `reshape` to
 [b, s, h, d] then `permute [0, 2, 1, 3]`, and the merge its inverse (to [b, s, h * d], or to
 [b * s, h * d] as GPT-2 writes it); the transposed intermediates may have no other reader (a KV
-cache returned as an output keeps the block unfused). Qwen3 RMS-normalizes each head of q and k
+cache returned as an output keeps the block unfused). The attention's window and softcap carry
+over. Qwen3 RMS-normalizes each head of q and k
 between the split and the rotary (q_norm, k_norm); that block fuses too, the norms kept on the
 projections split and merged again.
 """
@@ -52,7 +53,9 @@ def _merge(op, attended):
 def _attend(op, q, k, v, mask):
     return op.scaled_dot_product_attention(q, k, v, mask, is_causal=op.capture("is_causal"),
                                            scale=op.capture("scale"),
-                                           enable_gqa=op.capture("enable_gqa"), _name="attended")
+                                           enable_gqa=op.capture("enable_gqa"),
+                                           window=op.capture("window"),
+                                           softcap=op.capture("softcap"), _name="attended")
 
 
 def _rotary_block(op, q, k, v, cos, sin, mask):
@@ -92,14 +95,15 @@ def _check(ctx, q, k, v, q_heads, k_heads, v_heads, attended, merged, mask=None,
             or shape_is(merged, [batch * seq, heads * size])):
         return "the heads are not merged back to [batch, seq, heads * head_size]"
     return misfit("multi_head_attention", [q, k, v, cos, sin, mask], num_heads=heads,
-                  kv_num_heads=kv_heads, scale=b["scale"], is_causal=b["is_causal"])
+                  kv_num_heads=kv_heads, scale=b["scale"], is_causal=b["is_causal"],
+                  window=b["window"], softcap=b["softcap"])
 
 
-def _rewrite(op, q, k, v, q_heads, k_heads, merged, scale, is_causal, mask=None, cos=None,
-             sin=None, **_):
+def _rewrite(op, q, k, v, q_heads, k_heads, merged, scale, is_causal, window, softcap,
+             mask=None, cos=None, sin=None, **_):
     out = op.multi_head_attention(q, k, v, cos, sin, mask, num_heads=q_heads.shape[2],
                                   kv_num_heads=k_heads.shape[2], scale=scale,
-                                  is_causal=is_causal)
+                                  is_causal=is_causal, window=window, softcap=softcap)
     if merged.type.rank == 2:  # GPT-2's Conv1D merges straight to [batch * seq, hidden]
         out = op.reshape(out, shape=list(merged.shape))
     return out

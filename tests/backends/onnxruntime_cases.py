@@ -237,7 +237,7 @@ def _rotary(g):
 
 
 def _multi_head(rotary: bool, causal: bool, size: int = 16,
-                mask_type: TensorType | None = None):
+                mask_type: TensorType | None = None, **attrs):
     """Attention on [b, s, h*d] projections: 4 query heads, 2 KV heads of `size`. The rotary
     tables are cos/sin of concat(f, f) (equal halves), so the causal form fits dayzero's
     CausalAttention (and GroupQueryAttention when the head size is a multiple of 16); the others
@@ -252,7 +252,7 @@ def _multi_head(rotary: bool, causal: bool, size: int = 16,
             tables = [op(g, "cos", [both]).output, op(g, "sin", [both]).output]
         mask = None if causal else g.add_input("m", mask_type or t(B, 1, 1, S, S))
         return [op(g, "multi_head_attention", [q, k, v, *tables, mask], num_heads=4,
-                   kv_num_heads=2, is_causal=causal).output]
+                   kv_num_heads=2, is_causal=causal, **attrs).output]
     return build
 
 
@@ -423,6 +423,9 @@ CASES: dict[str, Case] = {
     "sdpa_bool_mask": Case(_sdpa("bool")),
     "sdpa_float_mask": Case(_sdpa("float", scale=0.3)),
     "sdpa_gqa_causal": Case(_sdpa(gqa=True, is_causal=True)),
+    "sdpa_window": Case(_sdpa(gqa=True, is_causal=True, window=3)),
+    "sdpa_window_softcap": Case(_sdpa(gqa=True, is_causal=True, window=3, softcap=2.0)),
+    "sdpa_softcap_mask": Case(_sdpa("bool", softcap=1.5)),
     "sum": Case(_reduce("sum", dims=[1, 2])),
     "sum_all": Case(_reduce("sum")),
     "mean": Case(_reduce("mean", dims=[-1], keepdim=True)),
@@ -465,6 +468,12 @@ CASES: dict[str, Case] = {
     "multi_head_attention_masked": Case(_multi_head(rotary=True, causal=False),
                                         {"f": (-3, 3)}),
     "multi_head_attention_bool_mask": Case(_multi_head(rotary=False, causal=False)),
+    "multi_head_attention_window": Case(_multi_head(rotary=True, causal=True, window=4),
+                                        {"f": (-3, 3)}),
+    "multi_head_attention_window_softcap": Case(
+        _multi_head(rotary=False, causal=True, window=1, softcap=0.5)),
+    "multi_head_attention_softcap": Case(_multi_head(rotary=True, causal=True, softcap=2.0),
+                                         {"f": (-3, 3)}),
     "multi_head_attention_padding": Case(_multi_head(rotary=False, causal=False,
                                                      mask_type=t(F, 2, 1, 1, S)),
                                          {"m": (-2, 2)}),

@@ -47,6 +47,12 @@ def _inputs(g: Graph, seq: int, seed: int = 0) -> list[np.ndarray]:
     ("multi_head_attention_masked", None, None),   # both are causal only, MHA has no rotary
     ("multi_head_attention_bool_mask", MHA, None),  # KV heads repeated in [b, s, h*d]
     ("multi_head_attention_padding", MHA, None),    # BERT's additive padding mask
+    # CausalAttention has no window or softcap; GQA's local_window_size is the window (CPU)
+    ("multi_head_attention_window", GQA, None),
+    ("multi_head_attention_window", None, GQA),
+    ("multi_head_attention_window_softcap", GQA, None),
+    ("multi_head_attention_softcap", GQA, None),
+    ("multi_head_attention_softcap", None, GQA),
 ])
 def test_lowering_choice_and_values(case, lowering, without, tmp_path):
     g = _graph(case)

@@ -242,7 +242,8 @@ def test_inspect_kernels_prints_generated_source(tmp_path, capsys):
     assert "tl.exp" in out and "tl.sum" in out
 
 
-@pytest.mark.parametrize("case", ["plain", "causal", "gqa_bool_mask", "additive_mask"])
+@pytest.mark.parametrize("case", ["plain", "causal", "gqa_bool_mask", "additive_mask",
+                                  "window"])
 def test_flash_attention_kernel_matches_torch(case):
     from backends.triton.attention import attention
 
@@ -258,7 +259,12 @@ def test_flash_attention_kernel_matches_torch(case):
         mask[:, 0] = True
     if case == "additive_mask":
         mask = torch.randn(2, 1, 19, 23, generator=gen)
+    if case == "window":  # 5 keys: the query's own and 4 before, across key blocks of 16
+        k, v = k[:, :, :19], v[:, :, :19]
+        mask = torch.ones(19, 19, dtype=torch.bool).tril().triu(-4)
     want = torch.nn.functional.scaled_dot_product_attention(q, k, v, mask, **kwargs)
+    if case == "window":
+        kwargs, mask = {"is_causal": True, "window": 5}, None
     got = attention(q, k, v, mask, **kwargs)
     torch.testing.assert_close(got, want, rtol=TOL, atol=TOL)
 

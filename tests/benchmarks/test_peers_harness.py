@@ -96,7 +96,8 @@ SDPA = """graph main {
   input %v: f32[1, 2, s0, 8]
   %y: f32[1, 2, s0, 8] = scaled_dot_product_attention(%q, %k, %v, _) ATTRS
   return %y
-}""".replace("ATTRS", "{is_causal=CAUSAL, scale=none, enable_gqa=false}")
+}""".replace("ATTRS", "{is_causal=CAUSAL, scale=none, enable_gqa=false, window=none, "
+                   "softcap=none}")
 
 HEADS = """graph main {
   symbol s0 in [1, 64]

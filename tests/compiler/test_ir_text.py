@@ -73,7 +73,8 @@ OP_EXAMPLES = {
         {"scale": 0.25, "enable_gqa": True}),
     "multi_head_attention": (
         [f32(1, S0, 32), f32(1, S0, 16), f32(1, S0, 16), f32(1, 1, S0, 8), f32(1, 1, S0, 8),
-         None], {"num_heads": 4, "kv_num_heads": 2, "is_causal": True}),
+         None], {"num_heads": 4, "kv_num_heads": 2, "is_causal": True, "window": 4,
+                 "softcap": 50.0}),
     "quantized_linear": ([f32(S0, 64), W(TensorType(DType.u8, (4, 2, 16))), W(f32(8)), None],
                          {"bits": 4, "group_size": 32, "in_features": 64}),
     "sum": ([f32(S0, 4)], {"dims": [1], "keepdim": True}),
@@ -300,7 +301,7 @@ graph multi {
   %picked: f32[s0, 2] = index(%vals, _, %idx)
   %q: f32[1, 2, s0, 4] = reshape(%x) {shape=[1, 2, s0, 4]}
   %o: f32[1, 2, s0, 4] = scaled_dot_product_attention(%q, %q, %q, _) \
-{is_causal=true, scale=none, enable_gqa=false}
+{is_causal=true, scale=none, enable_gqa=false, window=2, softcap=none}
   return %ids, %picked, %o
 }
 '''.replace("\\\n", "")

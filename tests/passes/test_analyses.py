@@ -98,7 +98,7 @@ PADDED = attention(ARANGE + """
 def test_mask_verdicts_are_an_analysis_and_dumped_when_the_pass_changes_nothing(tmp_path):
     graph = parse_ir(PADDED)
     (verdict,) = graph.analysis("causal_masks").verdicts.values()
-    assert verdict == "the mask depends on a graph input or on an op this pass cannot read"
+    assert verdict.why == "the mask depends on a graph input or on an op this pass cannot read"
     PassManager("recognize_causal_masks", dump_dir=tmp_path).run(parse_ir(PADDED))
     text = (tmp_path / "01-recognize_causal_masks.dzir").read_text()
     assert "# analysis causal_masks:\n#   %o: not causal: the mask depends on a graph input" \
@@ -109,7 +109,7 @@ def test_rerunning_the_mask_pass_outside_the_manager_sees_its_own_edit():
     graph = parse_ir(attention(ARANGE + "%mask: bool[s0, s0] = le(%col, %row)"))
     (pass_,) = parse_pipeline("recognize_causal_masks")
     (verdict,) = graph.analysis("causal_masks").verdicts.values()
-    assert verdict is None
+    assert verdict.why is None and verdict.window is None
     assert pass_.run(graph).changed is True
     assert pass_.run(graph).changed is False  # the cached proof was dropped with the edit
     assert graph.analysis("causal_masks").verdicts == {}
@@ -121,12 +121,13 @@ def test_mask_prover_reads_each_node_once_across_attention_nodes(monkeypatch):
 
     text = attention(ARANGE + "%mask: bool[s0, s0] = le(%col, %row)").replace(
         "  return %o", "  %o2: f32[1, 2, s0, 8] = scaled_dot_product_attention(%o, %k, %v, "
-        "%mask) {is_causal=false, scale=0.35, enable_gqa=false}\n  return %o2")
+        "%mask) {is_causal=false, scale=0.35, enable_gqa=false, window=none, "
+        "softcap=none}\n  return %o2")
     graph = parse_ir(text)
     seen = []
     real = rcm.MaskProver._transfer
     monkeypatch.setattr(rcm.MaskProver, "_transfer",
                         lambda self, node, args: seen.append(node.op) or real(self, node, args))
     verdicts = graph.analysis("causal_masks").verdicts
-    assert list(verdicts.values()) == [None, None]
+    assert [v.why for v in verdicts.values()] == [None, None]
     assert sorted(seen) == ["arange", "le", "reshape", "reshape"]

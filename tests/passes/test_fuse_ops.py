@@ -108,7 +108,45 @@ EXISTING = {
                               torch.rand(1, 1, 5, 6, generator=GEN) < 0.8], {}),
     "sdpa_causal_gqa": (SDPA, [randn(1, 4, 5, 4), randn(1, 2, 5, 4), randn(1, 2, 5, 4), None],
                         {"is_causal": True, "enable_gqa": True}),
+    "sdpa_window_softcap": (SDPA, [randn(1, 4, 7, 4), randn(1, 2, 7, 4), randn(1, 2, 7, 4), None],
+                            {"is_causal": True, "enable_gqa": True, "window": 3,
+                             "softcap": 2.0}),
+    "sdpa_softcap_mask": (SDPA, [randn(1, 2, 5, 4), randn(1, 2, 5, 4), randn(1, 2, 5, 3),
+                                 MASK_F], {"scale": 0.3, "softcap": 1.5}),
+    "mha_window": ("multi_head_attention", [randn(1, 7, 16), randn(1, 7, 8), randn(1, 7, 8), None,
+                                            None, None],
+                   {"num_heads": 4, "kv_num_heads": 2, "is_causal": True, "window": 2}),
 }
+
+
+def _sliding_softcapped(q, k, v, scale, window, softcap):
+    """transformers' eager attention: scores * scale, softcap * tanh(scores / softcap), then the
+    sliding-window causal mask (kv_idx > q_idx - window and kv_idx <= q_idx) as -inf."""
+    scores = (q @ k.transpose(-2, -1)) * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    i = torch.arange(q.shape[-2])[:, None]
+    j = torch.arange(k.shape[-2])[None, :]
+    keep = (j <= i) & (j > i - window) if window is not None else j <= i
+    return torch.softmax(scores.masked_fill(~keep, float("-inf")), dim=-1) @ v
+
+
+@pytest.mark.parametrize("window, softcap", [(1, None), (3, None), (4, 50.0), (None, 0.5),
+                                             (20, None)])
+def test_window_and_softcap_reference_matches_transformers_semantics(window, softcap):
+    q, k, v = randn(1, 2, 9, 4), randn(1, 2, 9, 4), randn(1, 2, 9, 4)
+    got = get_op(SDPA).reference(q, k, v, None, is_causal=True, scale=0.5, enable_gqa=False,
+                                 window=window, softcap=softcap)
+    torch.testing.assert_close(got, _sliding_softcapped(q, k, v, 0.5, window, softcap))
+
+
+def test_window_hides_a_nan_key_before_it():
+    """A NaN key that the window hides never reaches a row (masked_fill, not an added -inf)."""
+    q, k, v = randn(1, 1, 6, 4), randn(1, 1, 6, 4), randn(1, 1, 6, 4)
+    k[..., 0, :] = float("nan")
+    got = get_op(SDPA).reference(q, k, v, None, is_causal=True, scale=None, enable_gqa=False,
+                                 window=2, softcap=None)
+    assert got[..., :2, :].isnan().all() and not got[..., 2:, :].isnan().any()
 
 
 @pytest.mark.parametrize("case", sorted(EXISTING))

@@ -216,6 +216,22 @@ REFUSED = {
           %out: f32[1, 3, 8, 4] = reshape(%ot) {shape=[1, 3, 8, 4]}
           return %out
         }""", "out", "the heads are not merged back to [batch, seq, heads * head_size]"),
+    "a softcap whose divisor and factor differ": ("""
+        graph main {
+          input %q: f32[1, 2, 4, 8]
+          input %k: f32[1, 2, 4, 8]
+          input %v: f32[1, 2, 4, 8]
+          %kt: f32[1, 2, 8, 4] = permute(%k) {dims=[0, 1, 3, 2]}
+          %s: f32[1, 2, 4, 4] = matmul(%q, %kt)
+          %c50: f32[] = constant() {value=50.0, dtype=f32}
+          %c30: f32[] = constant() {value=30.0, dtype=f32}
+          %d: f32[1, 2, 4, 4] = div(%s, %c50)
+          %t: f32[1, 2, 4, 4] = tanh(%d)
+          %c: f32[1, 2, 4, 4] = mul(%t, %c30)
+          %p: f32[1, 2, 4, 4] = softmax(%c) {dim=-1}
+          %out: f32[1, 2, 4, 8] = matmul(%p, %v)
+          return %out
+        }""", "out", "the softcap's divisor and factor are not one positive constant"),
     "a bias add is not a residual add": ("""
         graph main {
           input %x: f32[2, 8]

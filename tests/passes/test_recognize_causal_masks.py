@@ -29,9 +29,9 @@ from passes.recognize_causal_masks import MaskProver
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 PASS = "recognize_causal_masks"
 SDPA_IN = ("  %o: f32[1, 2, s0, 8] = scaled_dot_product_attention(%q, %k, %v, %mask) "
-           "{is_causal=false, scale=0.35, enable_gqa=false}")
+           "{is_causal=false, scale=0.35, enable_gqa=false, window=none, softcap=none}")
 SDPA_OUT = ("  %o: f32[1, 2, s0, 8] = scaled_dot_product_attention(%q, %k, %v, _) "
-            "{is_causal=true, scale=0.35, enable_gqa=false}")
+            "{is_causal=true, scale=0.35, enable_gqa=false, window=none, softcap=none}")
 
 
 def attention(body: str, symbols: str = "symbol s0 in [2, 64]", extra: str = "") -> str:
@@ -131,9 +131,19 @@ NOT_CAUSAL = {
     "offset_by_one": "%c1: i64[1, s0] = add(%col, %k1)\n%mask: bool[s0, s0] = le(%c1, %row)",
     "strict": "%mask: bool[s0, s0] = lt(%col, %row)",
     "upper_triangle": "%mask: bool[s0, s0] = ge(%col, %row)",
-    "sliding_window_4": """
+    "strict_sliding_window_4": """
         %gap: i64[s0, s0] = sub(%row, %col)
         %near: bool[s0, s0] = lt(%gap, %k4)
+        %causal: bool[s0, s0] = lt(%col, %row)
+        %mask: bool[s0, s0] = logical_and(%causal, %near)
+    """,
+    "window_without_causal": """
+        %gap: i64[s0, s0] = sub(%row, %col)
+        %mask: bool[s0, s0] = lt(%gap, %k4)
+    """,
+    "window_growing_with_row": """
+        %gap: i64[s0, s0] = sub(%row, %col)
+        %near: bool[s0, s0] = lt(%gap, %row)
         %causal: bool[s0, s0] = le(%col, %row)
         %mask: bool[s0, s0] = logical_and(%causal, %near)
     """,
@@ -158,6 +168,87 @@ def test_masks_that_are_not_causal_for_every_size_are_kept(run_pass, name):
     result = run_pass(text, PASS)
     assert result.changed is False
     assert print_ir(result.graph) == text
+
+
+SLIDING_OUT = SDPA_OUT.replace("window=none", "window=4")
+SLIDING = """
+    %gap: i64[s0, s0] = sub(%row, %col)
+    %near: bool[s0, s0] = lt(%gap, %k4)
+    %causal: bool[s0, s0] = le(%col, %row)
+    %mask: bool[s0, s0] = logical_and(%causal, %near)
+"""
+
+
+def test_sliding_window_mask_becomes_is_causal_with_window(run_pass):
+    """key <= query and query - key < 4: causal within a window of 4 keys (the query's own)."""
+    text = attention(ARANGE + CONSTANTS + SLIDING, symbols="symbol s0 in [2, 512]")
+    result = run_pass(text, PASS)
+    assert result.changed is True
+    assert print_ir(result.graph) == text.replace(SDPA_IN, SLIDING_OUT)
+
+
+def test_window_no_shorter_than_every_sequence_is_plain_causal(run_pass):
+    """With s0 <= 4 the window never cuts: no window attribute (the proof drops the atom)."""
+    text = attention(ARANGE + CONSTANTS + SLIDING, symbols="symbol s0 in [2, 4]")
+    assert print_ir(run_pass(text, PASS).graph) == text.replace(SDPA_IN, SDPA_OUT)
+    text = attention(ARANGE + CONSTANTS + SLIDING, symbols="symbol s0 in [2, 5]")
+    assert print_ir(run_pass(text, PASS).graph) == text.replace(SDPA_IN, SLIDING_OUT)
+
+
+# transformers' sdpa mask for Mistral (sliding_window=4), as exported and after fold_constants:
+# kv_idx > q_idx - 4, kv_idx <= q_idx, and the packed-sequence term.
+MISTRAL = PACKED.replace("""    %le_5: bool[1, 1, s0, s0] = le(%index_1, %index)
+    %bitwise_and: bool[1, 1, s0, s0] = bitwise_and(%new_ones, %le_5)
+""", """    %four: i64[] = constant() {value=4, dtype=i64}
+    %back: i64[1, 1, s0, 1] = sub(%index, %four)
+    %gt: bool[1, 1, s0, s0] = gt(%index_1, %back)
+    %and_1: bool[1, 1, s0, s0] = bitwise_and(%new_ones, %gt)
+    %le_5: bool[1, 1, s0, s0] = le(%index_1, %index)
+    %and_2: bool[1, 1, s0, s0] = bitwise_and(%and_1, %le_5)
+    %bitwise_and: bool[1, 1, s0, s0] = bitwise_and(%new_ones, %and_2)
+""")
+
+
+def test_mistral_sliding_window_mask_becomes_window_4_and_dies(run_pass):
+    assert MISTRAL != PACKED
+    text = attention(MISTRAL, extra=BATCH)
+    weights = {"batch": torch.zeros(1, 1, 1, 1, dtype=torch.int64)}
+    result = run_pass(text, PASS, weights)
+    assert print_ir(result.graph) == text.replace(SDPA_IN, SLIDING_OUT)
+    dead = run_pass(print_ir(result.graph), "eliminate_dead_code")
+    assert print_ir(dead.graph) == attention("").replace(SDPA_IN, SLIDING_OUT)
+
+
+def test_additive_sliding_window_mask_on_multi_head_attention(run_pass):
+    """Gemma 2's eager mask (0 / f32's minimum) on the fused op, read at its own operand slots."""
+    text = f"""graph main {{
+  symbol s0 in [2, 64]
+  input %q: f32[1, s0, 32]
+  input %k: f32[1, s0, 16]
+  input %v: f32[1, s0, 16]
+  {ARANGE.strip()}
+  %k4: i64[] = constant() {{value=4, dtype=i64}}
+  %back: i64[s0, 1] = sub(%row, %k4)
+  %near: bool[s0, s0] = gt(%col, %back)
+  %causal: bool[s0, s0] = le(%col, %row)
+  %keep: bool[s0, s0] = logical_and(%near, %causal)
+  %zero: f32[] = constant() {{value=0.0, dtype=f32}}
+  %low: f32[] = constant() {{value=-3.4028234663852886e+38, dtype=f32}}
+  %bias: f32[s0, s0] = where(%keep, %zero, %low)
+  %mask: f32[1, 1, s0, s0] = reshape(%bias) {{shape=[1, 1, s0, s0]}}
+  %o: f32[1, s0, 32] = multi_head_attention(%q, %k, %v, _, _, %mask) {{num_heads=4, kv_num_heads=2, scale=0.25, is_causal=false, window=none, softcap=50.0}}
+  return %o
+}}
+"""  # noqa: E501
+    text = "\n".join(line.strip() if not line.startswith("  ") else "  " + line.strip()
+                     for line in text.splitlines()) + "\n"
+    result = run_pass(text, PASS)
+    assert result.changed is True
+    want = text.replace("%v, _, _, %mask) {num_heads=4, kv_num_heads=2, scale=0.25, "
+                        "is_causal=false, window=none",
+                        "%v, _, _, _) {num_heads=4, kv_num_heads=2, scale=0.25, "
+                        "is_causal=true, window=4")
+    assert print_ir(result.graph) == want
 
 
 def test_transposed_upper_triangle_is_causal(run_pass):
@@ -201,7 +292,7 @@ def test_different_query_and_key_lengths_are_kept(run_pass):
           %c: i64[s1] = arange() {start=0, end=s1, step=1, dtype=i64}
           %row: i64[s0, 1] = reshape(%r) {shape=[s0, 1]}
           %mask: bool[s0, s1] = le(%c, %row)
-          %o: f32[1, 2, s0, 8] = scaled_dot_product_attention(%q, %k, %v, %mask) {is_causal=false, scale=0.35, enable_gqa=false}
+          %o: f32[1, 2, s0, 8] = scaled_dot_product_attention(%q, %k, %v, %mask) {is_causal=false, scale=0.35, enable_gqa=false, window=none, softcap=none}
           return %o
         }
     """  # noqa: E501
@@ -255,13 +346,14 @@ def _variant(op: str, swap: bool, shift: int, window: int | None) -> str:
     """
 
 
-def _numerically_causal(graph) -> bool:
-    """Whether the mask equals tril at every size of s0's (small) range."""
+def _numerically_causal(graph, window: int | None) -> bool:
+    """Whether the mask equals tril (cut to `window` keys) at every size of s0's (small) range."""
     graph.outputs = [graph.nodes[-2].outputs[0]]
     for n in SIZES:
         x = torch.zeros(1, 2, n, 8)
         (mask,) = run_graph(graph, {}, [x, x, x])
-        if not torch.equal(mask, torch.ones(n, n, dtype=torch.bool).tril()):
+        want = torch.ones(n, n, dtype=torch.bool).tril()
+        if not torch.equal(mask, want if window is None else want.triu(1 - window)):
             return False
     return True
 
@@ -271,12 +363,15 @@ VARIANTS = list(itertools.product(COMPARE, (False, True), (-1, 0, 1), (None, 3, 
 
 @pytest.mark.parametrize("op, swap, shift, window", VARIANTS)
 def test_verdict_matches_every_size_in_range(op, swap, shift, window):
-    """Exhaustive over s0 in [2, 9]: rewritten exactly when the mask is tril at every size
-    (window 9 never cuts there, window 3 does)."""
+    """Exhaustive over s0 in [2, 9]: rewritten exactly when the mask is tril at every size, cut
+    to the window the proof reports (window 9 never cuts there, window 3 does)."""
     text = attention(_variant(op, swap, shift, window), symbols="symbol s0 in [2, 9]")
     graph = parse_ir(text)
-    verdict = MaskProver(graph).why_not_causal(graph.nodes[-1]) is None
-    assert verdict == _numerically_causal(graph)
+    verdict = MaskProver(graph).verdict(graph.nodes[-1])
+    assert verdict.window in (None, 3)
+    assert (verdict.why is None) == _numerically_causal(graph, verdict.window)
+    if verdict.why is not None and window == 3:  # not rewritten: nor causal with that window
+        assert not _numerically_causal(graph, 3)
 
 
 # -- every expression against the reference interpreter -------------------------------------------

@@ -241,3 +241,24 @@ def test_slice_to_symbolic_end_is_whole_dim(run_pass):
     expected = run_graph(parse_ir(dedent(text)), {}, [x])
     for got, want in zip(run_graph(result.graph, {}, [x]), expected):
         assert torch.equal(got, want)
+
+
+def test_concat_with_empty_operands_is_its_one_nonempty_operand(run_pass):
+    """Phi-3's rotary: the rotated head concatenated with a pass-through slice of size 0."""
+    text = """
+        graph main {
+          symbol s0 in [1, 16]
+          input %x: f32[1, 4, s0, 16]
+          %rot: f32[1, 4, s0, 16] = neg(%x)
+          %pass: f32[1, 4, s0, 0] = slice(%x) {dim=3, start=16, end=16, step=1}
+          %cat: f32[1, 4, s0, 16] = concat(%rot, %pass) {dim=3}
+          %two: f32[1, 4, s0, 16] = concat(%pass, %rot, %pass) {dim=-1}
+          %both: f32[1, 4, s0, 32] = concat(%rot, %pass, %rot) {dim=3}
+          return %cat, %two, %both
+        }
+    """
+    result = run_pass(text, "remove_noops")
+    assert result.changed is True
+    graph = result.graph
+    assert [n.op for n in graph.nodes] == ["neg", "slice", "concat"]
+    assert graph.outputs[0] is graph.outputs[1] is graph.nodes[0].outputs[0]

@@ -268,8 +268,13 @@ def _sdpa(e: Emitter, inputs, attrs):
     perm = list(range(k.type.rank - 2)) + [k.type.rank - 1, k.type.rank - 2]
     scores = e.op("matmul", q, e.op("permute", k, dims=perm))
     scores = e.op("mul", scores, e.const(scale, q.dtype))
+    if attrs["softcap"] is not None:  # softcap * tanh(scores / softcap), before the mask
+        cap = e.const(float(attrs["softcap"]), q.dtype)
+        scores = e.op("mul", e.op("tanh", e.op("div", scores, cap)), cap)
     if attrs["is_causal"]:
         ones = e.op("full", shape=[q.shape[-2], k.shape[-2]], value=True, dtype=DType.bool)
+        if attrs["window"] is not None:  # keys i - window < j only
+            ones = e.op("triu", ones, diagonal=1 - attrs["window"])
         mask = e.op("tril", ones, diagonal=0) if mask is None else mask
     if mask is not None and mask.dtype == DType.bool:
         neg_inf = e.const(float("-inf"), q.dtype)

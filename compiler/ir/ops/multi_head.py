@@ -18,6 +18,7 @@ from ..symbolic import equal
 from ..types import TensorType
 from . import shape_rules as rules
 from .fused import Emitter, _reference, decomposes
+from .nn import check_window_softcap
 from .registry import REQUIRED, ShapeError, define
 
 # [b, s, h, d] <-> [b, h, s, d]
@@ -72,14 +73,16 @@ def _rule(types, attrs):
                                  f"broadcast to the heads {list(full)}")
     if mask is not None:
         rules.broadcast_shapes(mask.shape, (q.shape[0], heads, q.shape[1], k.shape[1]))
+    check_window_softcap(attrs, "multi_head_attention")
     return [q.with_shape((q.shape[0], q.shape[1], heads * v_size))]
 
 
 define("multi_head_attention", "q k v cos? sin? mask?", _rule,
        _reference("multi_head_attention"), "fused",
        "heads split from [b, s, h*d] projections, rotary on q and k when cos/sin are given, "
-       "scaled_dot_product_attention, heads merged back to [b, s, h*d]",
-       num_heads=REQUIRED, kv_num_heads=REQUIRED, scale=None, is_causal=False)
+       "scaled_dot_product_attention (window, softcap as there), heads merged back to [b, s, h*d]",
+       num_heads=REQUIRED, kv_num_heads=REQUIRED, scale=None, is_causal=False, window=None,
+       softcap=None)
 
 
 def _split(e: Emitter, x, heads: int, rotary: tuple):
@@ -96,7 +99,7 @@ def _multi_head_attention(e: Emitter, inputs, attrs):
     out = e.op("scaled_dot_product_attention", _split(e, q, heads, (cos, sin)),
                _split(e, k, kv_heads, (cos, sin)), _split(e, v, kv_heads, (None,)), mask,
                is_causal=attrs["is_causal"], scale=attrs["scale"],
-               enable_gqa=heads != kv_heads)
+               enable_gqa=heads != kv_heads, window=attrs["window"], softcap=attrs["softcap"])
     b, _, s, size = out.shape
     merged = e.op("permute", out, dims=HEADS_FIRST)
     return [e.op("reshape", merged, shape=[b, s, heads * size])]

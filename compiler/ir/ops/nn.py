@@ -152,10 +152,25 @@ def _sdpa_rule(types, attrs):
         raise ShapeError(f"attention: q head size {q.shape[-1]} vs k {k.shape[-1]}")
     if mask is not None:
         rules.broadcast_shapes(mask.shape, q.shape[:-1] + (k.shape[-2],))
+    check_window_softcap(attrs, "scaled_dot_product_attention")
     return [q.with_shape(q.shape[:-1] + (v.shape[-1],))]
 
 
-def _sdpa(q, k, v, mask, is_causal, scale, enable_gqa):
+def check_window_softcap(attrs, what: str) -> None:
+    """window and softcap: a positive int / a positive float, or None (off); a window only
+    means something on causal attention (it counts keys back from each query's position)."""
+    window, softcap = attrs["window"], attrs["softcap"]
+    if window is not None:
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ShapeError(f"{what}: window {window!r} is not a positive integer")
+        if not attrs["is_causal"]:
+            raise ShapeError(f"{what}: window {window} needs is_causal=true")
+    if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float))
+                                or not softcap > 0 or not math.isfinite(softcap)):
+        raise ShapeError(f"{what}: softcap {softcap!r} is not a positive finite number")
+
+
+def _sdpa(q, k, v, mask, is_causal, scale, enable_gqa, window=None, softcap=None):
     # The math backend: torch's default CPU kernel (flash attention) drops a NaN query row for
     # some shapes (torch 2.13: q [2, 4, 7, 8] with one NaN gives no NaN), and the reference
     # must not lose a NaN (tests/test_nonfinite.py). is_causal is computed here, not by the
@@ -165,27 +180,57 @@ def _sdpa(q, k, v, mask, is_causal, scale, enable_gqa):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     if is_causal:
-        return _causal_sdpa(q, k, v, scale, enable_gqa)
+        return _causal_sdpa(q, k, v, scale, enable_gqa, window, softcap)
+    if softcap is not None:
+        return _softcapped_sdpa(q, k, v, mask, scale, enable_gqa, softcap)
     with sdpa_kernel(SDPBackend.MATH):
         return _F().scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
                                                  scale=scale, enable_gqa=enable_gqa)
 
 
-def _causal_sdpa(q, k, v, scale, enable_gqa):
-    """softmax(q k^T * scale with the hidden scores replaced by -inf) v, in the dense order of
-    the math backend (so a NaN or Inf in v still reaches every row: 0 * NaN is NaN)."""
-    import torch
-
+def _scores(q, k, v, scale, enable_gqa, softcap):
+    """q k^T * scale, softcapped (softcap * tanh(scores / softcap), Gemma 2's eager order), with
+    grouped KV heads repeated; and v repeated alike."""
     if enable_gqa and q.dim() >= 3 and k.shape[-3] != q.shape[-3]:
         rep = q.shape[-3] // k.shape[-3]
         k, v = k.repeat_interleave(rep, dim=-3), v.repeat_interleave(rep, dim=-3)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = (q @ k.transpose(-2, -1)) * scale
+    if softcap is not None:
+        scores = (scores / softcap).tanh() * softcap
+    return scores, v
+
+
+def _causal_sdpa(q, k, v, scale, enable_gqa, window=None, softcap=None):
+    """softmax(q k^T * scale with the hidden scores replaced by -inf) v, in the dense order of
+    the math backend (so a NaN or Inf in v still reaches every row: 0 * NaN is NaN). Query i
+    sees key j when j <= i and, with a window, j > i - window (transformers' sliding window)."""
+    import torch
+
+    scores, v = _scores(q, k, v, scale, enable_gqa, softcap)
     keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+    if window is not None:
+        keep = keep.triu(1 - window)
     scores = scores.masked_fill(~keep, float("-inf"))
     return torch.softmax(scores, dim=-1) @ v
 
 
+def _softcapped_sdpa(q, k, v, mask, scale, enable_gqa, softcap):
+    """The math backend's order with the scores softcapped before the mask is applied, and its
+    safe softmax: a row whose every score is -inf attends to nothing (zeros, not NaN)."""
+    import torch
+
+    scores, v = _scores(q, k, v, scale, enable_gqa, softcap)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool \
+            else scores + mask
+    probs = torch.softmax(scores, dim=-1)
+    hidden = (scores == float("-inf")).all(dim=-1, keepdim=True)
+    return probs.masked_fill(hidden, 0.0) @ v
+
+
 define("scaled_dot_product_attention", "q k v mask?", _sdpa_rule, _sdpa, "attention",
-       "softmax(q k^T * scale + mask) v, causal and grouped-query heads optional",
-       is_causal=False, scale=None, enable_gqa=False)
+       "softmax(q k^T * scale + mask) v, causal and grouped-query heads optional; window: "
+       "causal query i sees keys i - window < j <= i; softcap: scores = softcap * "
+       "tanh(scores / softcap) before the mask",
+       is_causal=False, scale=None, enable_gqa=False, window=None, softcap=None)

@@ -33,6 +33,7 @@ import math
 
 from ..dtypes import DType
 from ..symbolic import equal
+from . import shape_rules as rules
 from .fused import Emitter, _reference, decomposes
 from .multi_head import HEADS_FIRST, _check_heads, _head_size, _split
 from .registry import REQUIRED, ShapeError, define
@@ -58,6 +59,14 @@ def _rule(types, attrs):
         raise ShapeError(f"paged_attention: q {q}, k {k}, v {v} disagree on tokens or head size")
     if (cos is None) != (sin is None):
         raise ShapeError("paged_attention: cos and sin come together")
+    rules.same_dtype([x for x in (q, k, v, cos, sin) if x is not None], "paged_attention")
+    for table in (t for t in (cos, sin) if t is not None):
+        for n in (heads, kv_heads):
+            full = (1, n, q.shape[1], size)
+            shape = rules.broadcast_shapes(table.shape, full)
+            if len(shape) != 4 or not all(equal(a, b) for a, b in zip(shape, full)):
+                raise ShapeError(f"paged_attention: rotary table {table} does not broadcast to "
+                                 f"the heads {list(full)}")
     if k_cache.rank != 3 or tuple(k_cache.shape[1:]) != (kv_heads, size) or v_cache.rank != 3 \
             or tuple(v_cache.shape[1:]) != (kv_heads, v_size) \
             or not equal(k_cache.shape[0], v_cache.shape[0]):
