@@ -204,7 +204,9 @@ def _select_logits(graph: Graph, max_tokens) -> None:
         chain.append(value.producer)
         value = value.producer.inputs[0]
     chain.reverse()
-    anchor = chain[0] if chain else None
+    # the rebuilt tail goes before the old tail's last node: whatever the tail reads (a
+    # softcap's constants sit just before their op) is defined by then
+    anchor = chain[-1] if chain else None
     selected = graph.add_node("index_select", [value, indices], {"dim": 1}, before=anchor,
                               names=["selected_rows"], loc=anchor.loc if anchor else None
                               ).outputs[0]

@@ -20,7 +20,7 @@ from runtime.generation.step import StepPart
 from tests.generation.tiny_lms import compile_lm, prompt, tiny_lm
 
 NEW = 64
-ARCHITECTURES = ["llama", "gpt2", "qwen3"]
+ARCHITECTURES = ["llama", "gpt2", "qwen3", "mistral", "gemma2", "phi3"]
 
 
 @pytest.fixture(scope="module", params=ARCHITECTURES)
