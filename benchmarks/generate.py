@@ -34,7 +34,6 @@ import os
 import resource
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,7 +71,8 @@ def make_checkpoint(folder: Path, max_positions: int) -> Path:
 
 def weight_bytes(folder: Path) -> tuple[int, int]:
     """(bytes a decode step reads: every matrix but the embedding table, of which it reads one
-    row; matmul parameters, for the FLOP roofline)."""
+    row; matmul parameters a prompt token goes through: all but lm_head, which only the last
+    token of the prompt needs, for the FLOP roofline)."""
     from safetensors import safe_open
 
     read, params = 0, 0
@@ -85,7 +85,7 @@ def weight_bytes(folder: Path) -> tuple[int, int]:
                     read += shape[-1] * 4
                     continue
                 read += count * 4
-                params += count if len(shape) == 2 else 0
+                params += count if len(shape) == 2 and "lm_head" not in name else 0
     return read, params
 
 
@@ -264,23 +264,21 @@ def measure(peer: str, path: Path, context: int, new: int, batch: int) -> Result
 
 
 # -- machine floors --------------------------------------------------------------------------
-def read_bandwidth(threads: int = THREADS, megabytes: int = 1024) -> float:
-    """Bytes per second `threads` threads read from a buffer far larger than the caches."""
-    data = np.ones(megabytes << 18, np.float32)
-    parts = np.array_split(data, threads)
-    for part in parts:
-        part.sum()
+def read_bandwidth(threads: int = THREADS, megabytes: int = 512) -> float:
+    """Bytes per second a `threads`-thread matrix-vector product streams from a matrix far
+    larger than the caches: what a decode step's weight reads can reach here (the better of
+    torch's and ONNX Runtime's GEMV)."""
+    import torch
 
-    def best() -> float:
-        workers = [threading.Thread(target=p.sum) for p in parts]
+    torch.set_num_threads(threads)
+    rows = (megabytes << 20) // (4 * 4096)
+    matrix, vector = torch.randn(rows, 4096), torch.randn(4096)
+    best = float("inf")
+    for _ in range(8):
         start = time.perf_counter()
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
-        return time.perf_counter() - start
-
-    return data.nbytes / min(best() for _ in range(5))
+        torch.mv(matrix, vector)
+        best = min(best, time.perf_counter() - start)
+    return matrix.numel() * 4 / best
 
 
 def gemm_rate() -> float:
