@@ -72,6 +72,8 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], bool], Any]]] = {
     "quantize": {
         "weights": (_one_of(None, "int8", "int4"), None),
         "group_size": (_positive_int, 128),
+        # int8: the quantized linears' inputs are quantized per block too (int8 dot products)
+        "activations": (_one_of("float", "int8"), "float"),
     },
     # generation artifacts (task text-generation): the runtime's paged KV cache and step sizes
     "generation": {

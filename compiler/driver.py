@@ -360,8 +360,8 @@ def _with_quantization(pipeline: list, cfg: CompileConfig) -> list:
     if kind is None or any(p.name == "quantize_weights" for p in pipeline):
         return pipeline
     bits = {"int4": 4, "int8": 8}[kind]
-    return [get_pass("quantize_weights")(bits=bits, group_size=cfg.quantize["group_size"]),
-            *pipeline]
+    return [get_pass("quantize_weights")(bits=bits, group_size=cfg.quantize["group_size"],
+                                         activations=cfg.quantize["activations"]), *pipeline]
 
 
 # precision values the precision pass implements (fp8 is a quantization format: not yet)
@@ -376,7 +376,8 @@ def _refuse_unimplemented(cfg: CompileConfig) -> None:
     defaults = {"precision": "fp32", "quantize": None}
     for section in ("precision", "quantize"):
         for key, value in cfg.section(section).items():
-            if key == "group_size" or value in _IMPLEMENTED.get((section, key), ()):
+            if key in ("group_size", "activations") or \
+                    value in _IMPLEMENTED.get((section, key), ()):
                 continue
             if value != defaults[section]:
                 raise DayzeroError(f"config key '{section}.{key}: {value}' is valid but not "

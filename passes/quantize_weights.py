@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from compiler.errors import DayzeroError
 from compiler.ir import DType, Graph, Node, TensorType
@@ -38,6 +38,9 @@ class QuantizeWeights(Pass):
 
     bits: int = 4
     group_size: int = 128
+    # int8: the inputs are quantized per block too, for int8 dot products (see
+    # compiler/ir/ops/quantized.py)
+    activations: Literal["float", "int8"] = "float"
 
     def __post_init__(self):
         if self.bits not in (4, 8) or self.group_size < 2 or self.group_size % 2:
@@ -103,7 +106,8 @@ class QuantizeWeights(Pass):
         scale = graph.add_weight(sname, TensorType(w.dtype, tuple(scales.shape)), scales)
         new = graph.add_node("quantized_linear", [node.inputs[0], qweight, scale, node.inputs[2]],
                              {"bits": self.bits, "group_size": self.group_size,
-                              "in_features": k}, loc=node.loc, before=node)
+                              "in_features": k, "activations": self.activations},
+                             loc=node.loc, before=node)
         graph.replace_uses(node.output, new.output)
         graph.remove_nodes([node])
         new.output.name = node.output.name  # the value it replaces is gone: dumps read the same

@@ -69,11 +69,13 @@ def add_layer_norm(b: Builder, node: Node, x: list) -> list:
 
 def matmul_nbits(b: Builder, node: Node, x: list) -> list:
     """com.microsoft.MatMulNBits on the stored codes and scales (the IR op keeps its layout);
-    the zero point is its default, 2^(bits-1): symmetric quantization."""
+    the zero point is its default, 2^(bits-1): symmetric quantization. int8 activations are
+    its accuracy_level 4 (inputs quantized per block, int8 dot products)."""
     a = node.attrs
     n = node.inputs[1].type.shape[0]
+    level = {"int8": {"accuracy_level": 4}}.get(a.get("activations", "float"), {})
     out = b.op1("MatMulNBits", [x[0], x[1], x[2]], domain="com.microsoft", K=int(a["in_features"]),
-                N=int(n), bits=int(a["bits"]), block_size=int(a["group_size"]))
+                N=int(n), bits=int(a["bits"]), block_size=int(a["group_size"]), **level)
     return [out if x[3] is None else b.op1("Add", [out, x[3]])]
 
 

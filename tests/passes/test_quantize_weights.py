@@ -57,7 +57,7 @@ EXPECTED = """graph main {
   weight @w.q4: u8[6, 2, 16]
   weight @w.scales: f32[12]
   %y: f32[s0, 6] = quantized_linear(%x, @w.q4, @w.scales, @b) {bits=4, group_size=32, \
-in_features=64}
+in_features=64, activations="float"}
   %z: f32[s0, 3] = linear(%y, @odd, _)
   return %z
 }
