@@ -94,7 +94,7 @@ def build_dayzero(folder: Path, out: Path, max_positions: int, int4: bool) -> fl
     config = out.with_suffix(".yaml")
     lines = ["generation: {kv_cache_memory: 1GiB, prefill_chunk: 512, max_batch_tokens: 2048}"]
     if int4:
-        lines.append("quantize: {weights: int4, group_size: 32}")
+        lines.append("quantize: {weights: int4, group_size: 32, activations: int8}")
     config.write_text("\n".join(lines) + "\n")
     return _timed_command([sys.executable, "-m", "compiler.cli", "compile", str(folder), "-o",
                            str(out), "--seq-len", f"2:{max_positions}", "--config", str(config),
@@ -176,8 +176,16 @@ def child(peer: str, path: str, context: int, new: int, batch: int) -> Result:
     run(path, ids[:1], 8)  # warm up: first-call allocations and kernel selection
     start, stamps, kv = run(path, ids, new)
     ttft, decode, rate = decode_figures(stamps, start, batch, new)
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return Result(peer, context, batch, ttft, decode, rate, kv, rss)
+    return Result(peer, context, batch, ttft, decode, rate, kv, peak_rss())
+
+
+def peak_rss() -> int:
+    """This process's peak resident set (VmHWM: its own address space, where getrusage's
+    ru_maxrss would carry the parent's peak over the fork)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 _LOADED: dict[str, object] = {}

@@ -108,3 +108,26 @@ def test_generate_on_a_forward_artifact_says_how_to_compile_one(folder, tmp_path
     capsys.readouterr()
     assert main(["generate", str(out), "--prompt", "hello"]) == 1
     assert "--task text-generation" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["gpt2", "qwen3", "mistral", "gemma2", "phi3"])
+def test_each_architecture_generates_from_its_checkpoint_folder(name, tmp_path):
+    """The module tests' architectures again, as `save_pretrained` folders compiled by the CLI
+    (text-generation by default for a *ForCausalLM)."""
+    from tests.generation.test_generate_matches_transformers import (
+        assert_same_greedy,
+        transformers_generate,
+    )
+    from tests.generation.tiny_lms import prompt
+
+    hf = tiny_lm(name)
+    hf.generation_config.eos_token_id = None
+    hf.save_pretrained(tmp_path / "ckpt")
+    out = tmp_path / "lm.dz"
+    assert main(["compile", str(tmp_path / "ckpt"), "-o", str(out), "--seq-len", "2:64",
+                 "-q"]) == 0
+    model = runtime.load(out)
+    ids = prompt(7, seed=5)
+    want, logits = transformers_generate(hf, ids, 16)
+    got = model.generate(ids.numpy(), max_new_tokens=16, eos_token_id=[])
+    assert_same_greedy(got[0], want, logits, 7)
