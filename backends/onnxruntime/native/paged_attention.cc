@@ -3,16 +3,18 @@
 // Two parallel phases. The first (one task per token) rotates the step's new keys into `new_k`
 // and copies its values into `new_v`: those are outputs anyway (the runtime writes them into the
 // pool), and the second phase reads a new token's key from there, exactly as it reads a cached
-// key from the pool. The second has one task per token, kv head and tile of up to kHeadTile of
-// the query heads that share it (GQA: each scattered key and value row is fetched from memory
-// once for its whole group, not once per query head; a decode step is bound by those fetches).
-// A task rotates its query rows, then walks the token's visible keys in chunks of kChunk:
+// key from the pool. The second has one task per block of kTokenTile consecutive tokens, kv head
+// and tile of up to kHeadTile of the query heads that share it (GQA: each scattered key and value
+// row is fetched from memory once for its whole group, not once per query head; a decode step is
+// bound by those fetches; and once for a block of a prompt chunk's tokens, which see the same
+// keys, so a long prompt is not bound by them either). A task rotates its query rows, then walks
+// its tokens' visible keys in chunks of kChunk, each token taking the part it sees:
 // it prefetches the next chunk's rows into L2, locates this chunk's, scores them (each 8
 // channels of a key loaded once for the whole tile), raises each head's running maximum
 // once per chunk (one rescale of the accumulator, not one per key), and adds the chunk's
 // weighted value rows (8 output channels of every head kept in registers over the chunk).
-// The AVX2 + FMA functions run where the CPU has them, the scalar ones elsewhere. A task's
-// state (query and output rows, a chunk's scores) is on the stack: the kernel allocates nothing.
+// The AVX2 + FMA functions run where the CPU has them, the scalar ones elsewhere. The tasks'
+// query and accumulator rows are one allocation made before the parallel phase.
 //
 // Non-finite numbers: the maxima keep NaN, so a NaN score makes the row NaN as the softmax does;
 // +Inf scores make Inf - Inf = NaN as there; a chunk whose scores are all -Inf while the running
@@ -25,6 +27,8 @@
 #include <atomic>
 #include <cmath>
 #include <limits>
+#include <new>
+#include <vector>
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -38,16 +42,22 @@ namespace dayzero {
 namespace {
 
 constexpr int64_t kChunk = 32;  // keys scored before the running maximum is updated
-constexpr int64_t kHeadTile = 8;  // query heads of one kv head per task (stack: 64 kB at most)
+constexpr int64_t kHeadTile = 8;  // query heads of one kv head per task
+constexpr int64_t kTokenTile = 8;  // consecutive tokens per task: they share each key chunk
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 enum Failure : int { kNone = 0, kBadSequence = 1, kBadSlot = 2 };
 
+// The tasks' query and accumulator rows: one block of kTokenTile x kHeadTile rows per task, in
+// one allocation made before the parallel phase (a task's rows are too large for its stack).
 struct Shared {
   const PagedProblem* p;
   bool vectorized;
   std::atomic<int> failure{kNone};
+  std::vector<float> rows;
+  int64_t task_floats = 0;
+  float* scratch(size_t task) { return rows.data() + task * task_floats; }
 };
 
 // x * cos + rotate_half(x) * sin over one head (rotate_half(x) = concat(-x2, x1)), or a copy.
@@ -237,82 +247,143 @@ inline int64_t Tiles(const PagedProblem& p) {
   return (p.num_heads / p.kv_heads + kHeadTile - 1) / kHeadTile;
 }
 
-// Phase 2: up to kHeadTile query heads of token t that share kv head g, online softmax over the
-// token's visible keys. Each key and value row is read once for all the tile's heads.
-void Attend(void* data, size_t index) noexcept {
-  Shared& k = *static_cast<Shared*>(data);
-  const PagedProblem& p = *k.p;
-  const int64_t tiles = Tiles(p), group = p.num_heads / p.kv_heads;
-  const int64_t t = static_cast<int64_t>(index) / (p.kv_heads * tiles);
-  const int64_t g = static_cast<int64_t>(index) / tiles % p.kv_heads;
-  const int64_t first = g * group + static_cast<int64_t>(index) % tiles * kHeadTile;
-  const int64_t heads = std::min(kHeadTile, (g + 1) * group - first);
-  const int64_t size = p.head_size, v_size = p.v_size;
-  float* out = p.out + (t * p.num_heads + first) * v_size;
-  const int64_t seq = p.token_seq[t];
-  if (seq < 0 || seq >= p.sequences) {
-    Fail(k, kBadSequence);
-    std::fill(out, out + heads * v_size, kNaN);
-    return;
-  }
-  const int64_t* slots = p.seq_slots + seq * p.length;
-  const int64_t seen = p.token_len[t];
-  const int64_t end = std::min(seen, p.length);
-  const int64_t begin = p.window > 0 ? std::max<int64_t>(0, seen - p.window) : 0;
+inline int64_t TokenBlocks(const PagedProblem& p) {
+  return (p.tokens + kTokenTile - 1) / kTokenTile;
+}
 
-  // Rows packed at their own width: a 4 kB stride would put every head's row in the same L1 sets
-  float q_rows[kHeadTile * kPagedMaxHeadSize], acc_rows[kHeadTile * kPagedMaxHeadSize];
+// One token's rows of a task: its up to kHeadTile query heads' queries, accumulators and
+// online-softmax state, and the key positions [begin, end) of its sequence it sees.
+struct TokenRows {
   float* q[kHeadTile];
   float* acc[kHeadTile];
-  for (int64_t r = 0; r < heads; ++r) {
-    q[r] = q_rows + r * size;
-    acc[r] = acc_rows + r * v_size;
+  float peak[kHeadTile], sum[kHeadTile];
+  int64_t begin, end;
+  float* out;
+};
+
+// The entries of `chunk` (visible slots in key-position order, positions in `pos`) that fall in
+// [begin, end): a contiguous range, since both are ordered by position.
+inline Chunk Visible(const Chunk& chunk, const int64_t* pos, int64_t begin, int64_t end) {
+  int64_t lo = 0, hi = chunk.n;
+  while (lo < chunk.n && pos[lo] < begin) ++lo;
+  while (hi > lo && pos[hi - 1] >= end) --hi;
+  Chunk part;
+  part.n = hi - lo;
+  for (int64_t i = 0; i < part.n; ++i) {
+    part.keys[i] = chunk.keys[lo + i];
+    part.values[i] = chunk.values[lo + i];
   }
-  float peak[kHeadTile], sum[kHeadTile], scores[kHeadTile][kChunk];
-  const float* c = p.cos ? p.cos + t * size : nullptr;
-  const float* s = p.sin ? p.sin + t * size : nullptr;
+  return part;
+}
+
+// Online softmax of one token's rows over the visible part of a chunk.
+void AttendChunk(const Shared& k, const PagedProblem& p, int64_t heads, TokenRows& rows,
+                 const Chunk& part) {
+  float scores[kHeadTile][kChunk];
+  const int64_t n = part.n, v_size = p.v_size;
+  Score(k.vectorized, heads, rows.q, part, p.head_size, scores);
   for (int64_t r = 0; r < heads; ++r) {
-    RotateHead(p.q + (t * p.num_heads + first + r) * size, c, s, size, q[r]);
-    std::fill(acc[r], acc[r] + v_size, 0.0f);
-    peak[r] = kNegInf;
-    sum[r] = 0.0f;
+    for (int64_t i = 0; i < n; ++i) {
+      scores[r][i] *= p.scale;
+      if (p.softcap != 0.0f) scores[r][i] = std::tanh(scores[r][i] / p.softcap) * p.softcap;
+    }
+    float top = rows.peak[r];
+    for (int64_t i = 0; i < n; ++i) top = MaxKeepNaN(top, scores[r][i]);
+    if (!(top == rows.peak[r])) {  // a new maximum, or NaN: rescale what was accumulated
+      const float alpha = std::exp(rows.peak[r] - top);
+      for (int64_t d = 0; d < v_size; ++d) rows.acc[r][d] *= alpha;
+      rows.sum[r] *= alpha;
+      rows.peak[r] = top;
+    }
+    for (int64_t i = 0; i < n; ++i) {  // exp(-inf - -inf) would be NaN: all -inf weigh 0
+      scores[r][i] = rows.peak[r] == kNegInf ? 0.0f : std::exp(scores[r][i] - rows.peak[r]);
+      rows.sum[r] += scores[r][i];
+    }
+  }
+  Weigh(k.vectorized, heads, rows.acc, part, v_size, scores);
+}
+
+// Tokens [t0, t1) of one sequence, their `heads` query heads from `first` (sharing kv head g):
+// the keys of the union of their visible ranges are walked once, chunk by chunk, and each token
+// attends to the part of a chunk it sees (so a prompt chunk's tokens read each key row from
+// memory once, not once per token; a hidden key is never read for a row that does not see it).
+// False when a slot is outside the pool and the step's tokens.
+bool AttendRun(const Shared& k, const PagedProblem& p, int64_t t0, int64_t t1, int64_t g,
+               int64_t first, int64_t heads, float* scratch) {
+  const int64_t size = p.head_size, v_size = p.v_size;
+  const int64_t* slots = p.seq_slots + p.token_seq[t0] * p.length;
+  TokenRows rows[kTokenTile];
+  int64_t begin = p.length, end = 0;
+  for (int64_t t = t0; t < t1; ++t) {
+    TokenRows& row = rows[t - t0];
+    const int64_t seen = p.token_len[t];
+    row.end = std::min(seen, p.length);
+    row.begin = p.window > 0 ? std::max<int64_t>(0, seen - p.window) : 0;
+    begin = std::min(begin, row.begin);
+    end = std::max(end, row.end);
+    row.out = p.out + (t * p.num_heads + first) * v_size;
+    const float* c = p.cos ? p.cos + t * size : nullptr;
+    const float* s = p.sin ? p.sin + t * size : nullptr;
+    for (int64_t r = 0; r < heads; ++r) {
+      // rows packed at their own width: a 4 kB stride would put them in the same L1 sets
+      row.q[r] = scratch + ((t - t0) * kHeadTile + r) * (size + v_size);
+      row.acc[r] = row.q[r] + size;
+      RotateHead(p.q + (t * p.num_heads + first + r) * size, c, s, size, row.q[r]);
+      std::fill(row.acc[r], row.acc[r] + v_size, 0.0f);
+      row.peak[r] = kNegInf;
+      row.sum[r] = 0.0f;
+    }
   }
   Chunk chunk;
+  int64_t pos[kChunk];
   PrefetchChunk(p, slots, begin, std::min(begin + kChunk, end), g);
   for (int64_t j0 = begin; j0 < end; j0 += kChunk) {
     PrefetchChunk(p, slots, j0 + kChunk, std::min(j0 + 2 * kChunk, end), g);
     chunk.n = 0;
     for (int64_t j = j0; j < std::min(j0 + kChunk, end); ++j) {
       if (slots[j] == -1) continue;  // padding: hidden
-      if (!Locate(p, slots[j], g, &chunk.keys[chunk.n], &chunk.values[chunk.n]))
-        return Fail(k, kBadSlot);
-      ++chunk.n;
+      if (!Locate(p, slots[j], g, &chunk.keys[chunk.n], &chunk.values[chunk.n])) return false;
+      pos[chunk.n++] = j;
     }
-    const int64_t n = chunk.n;
-    Score(k.vectorized, heads, q, chunk, size, scores);
-    for (int64_t r = 0; r < heads; ++r) {
-      for (int64_t i = 0; i < n; ++i) {
-        scores[r][i] *= p.scale;
-        if (p.softcap != 0.0f) scores[r][i] = std::tanh(scores[r][i] / p.softcap) * p.softcap;
-      }
-      float top = peak[r];
-      for (int64_t i = 0; i < n; ++i) top = MaxKeepNaN(top, scores[r][i]);
-      if (!(top == peak[r])) {  // a new maximum, or NaN: rescale what was accumulated
-        const float alpha = std::exp(peak[r] - top);
-        for (int64_t d = 0; d < v_size; ++d) acc[r][d] *= alpha;
-        sum[r] *= alpha;
-        peak[r] = top;
-      }
-      for (int64_t i = 0; i < n; ++i) {  // exp(-inf - -inf) would be NaN: all -inf weigh 0
-        scores[r][i] = peak[r] == kNegInf ? 0.0f : std::exp(scores[r][i] - peak[r]);
-        sum[r] += scores[r][i];
-      }
+    for (int64_t t = t0; t < t1; ++t) {
+      const Chunk part = Visible(chunk, pos, rows[t - t0].begin, rows[t - t0].end);
+      if (part.n > 0) AttendChunk(k, p, heads, rows[t - t0], part);
     }
-    Weigh(k.vectorized, heads, acc, chunk, v_size, scores);
   }
-  for (int64_t r = 0; r < heads; ++r) {
-    const float inv = 1.0f / sum[r];  // Inf when no key weighed anything: 0 * Inf is NaN
-    for (int64_t d = 0; d < v_size; ++d) out[r * v_size + d] = acc[r][d] * inv;
+  for (int64_t t = t0; t < t1; ++t) {
+    const TokenRows& row = rows[t - t0];
+    for (int64_t r = 0; r < heads; ++r) {
+      const float inv = 1.0f / row.sum[r];  // Inf when no key weighed anything: 0 * Inf is NaN
+      for (int64_t d = 0; d < v_size; ++d) row.out[r * v_size + d] = row.acc[r][d] * inv;
+    }
+  }
+  return true;
+}
+
+// Phase 2: a block of up to kTokenTile consecutive tokens, kv head g, a tile of up to kHeadTile
+// of its query heads; the block's tokens are taken run by run of one sequence (AttendRun).
+void Attend(void* data, size_t index) noexcept {
+  Shared& k = *static_cast<Shared*>(data);
+  const PagedProblem& p = *k.p;
+  const int64_t tiles = Tiles(p), group = p.num_heads / p.kv_heads;
+  const int64_t block = static_cast<int64_t>(index) / (p.kv_heads * tiles);
+  const int64_t g = static_cast<int64_t>(index) / tiles % p.kv_heads;
+  const int64_t first = g * group + static_cast<int64_t>(index) % tiles * kHeadTile;
+  const int64_t heads = std::min(kHeadTile, (g + 1) * group - first);
+  const int64_t t_end = std::min(p.tokens, (block + 1) * kTokenTile);
+  float* scratch = k.scratch(index);
+  for (int64_t t0 = block * kTokenTile; t0 < t_end;) {
+    const int64_t seq = p.token_seq[t0];
+    int64_t t1 = t0 + 1;
+    while (t1 < t_end && p.token_seq[t1] == seq) ++t1;
+    if (seq < 0 || seq >= p.sequences) {
+      Fail(k, kBadSequence);
+      for (int64_t t = t0; t < t1; ++t)
+        std::fill_n(p.out + (t * p.num_heads + first) * p.v_size, heads * p.v_size, kNaN);
+    } else if (!AttendRun(k, p, t0, t1, g, first, heads, scratch)) {
+      return Fail(k, kBadSlot);
+    }
+    t0 = t1;
   }
 }
 
@@ -351,8 +422,15 @@ const char* PagedAttention(const PagedProblem& p, ParallelFor parallel_for, void
   Shared k;
   k.p = &p;
   k.vectorized = Vectorized();
+  const int64_t tasks = TokenBlocks(p) * p.kv_heads * Tiles(p);
+  k.task_floats = kTokenTile * kHeadTile * (p.head_size + p.v_size);
+  try {
+    k.rows.resize(static_cast<size_t>(tasks * k.task_floats));
+  } catch (const std::bad_alloc&) {
+    return "out of memory for the attention's query and accumulator rows";
+  }
   parallel_for(runner, NewKeysAndValues, &k, static_cast<size_t>(p.tokens));
-  parallel_for(runner, Attend, &k, static_cast<size_t>(p.tokens * p.kv_heads * Tiles(p)));
+  parallel_for(runner, Attend, &k, static_cast<size_t>(tasks));
   switch (k.failure.load()) {
     case kBadSequence:
       return "a token's sequence (token_seq) is not a row of seq_slots";

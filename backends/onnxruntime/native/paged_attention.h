@@ -51,7 +51,8 @@ struct PagedProblem {
 const char* PagedAttentionCheck(const PagedProblem& p);
 
 // nullptr on success, else a message (an index out of range: a token's sequence, or a visible
-// slot outside the pool or this step's tokens). Throws nothing, allocates nothing.
+// slot outside the pool or this step's tokens; out of memory for its row buffers). Throws
+// nothing.
 //
 // Non-finite numbers follow the decomposition: a hidden key (past token_len, before the window,
 // or slot -1) is never read, whatever lies in its slot; a NaN or +Inf score makes its row NaN; a
