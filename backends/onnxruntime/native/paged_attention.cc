@@ -156,6 +156,47 @@ DZ_PAGED_AVX2 void WeighAvx2(float* const* acc, const Chunk& c, int64_t v_size,
   }
 }
 
+// exp(x) for 8 floats (Cephes' single-precision polynomial on x - n ln 2, then 2^n; within 2
+// ulp of std::exp for x in [-87, 88]): below that 0 (so exp(-inf) is exactly 0), NaN stays NaN.
+DZ_PAGED_AVX2 inline __m256 Exp8(__m256 x) {
+  const __m256 hi = _mm256_set1_ps(88.3762626647949f), lo = _mm256_set1_ps(-87.3365478515625f);
+  const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q), tiny = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  __m256 v = _mm256_max_ps(_mm256_min_ps(x, hi), lo);
+  __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(v, _mm256_set1_ps(1.44269504088896341f),
+                                             _mm256_set1_ps(0.5f)));
+  v = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), v);
+  v = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), v);
+  __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+  for (float c : {1.3981999507E-3f, 8.3334519073E-3f, 4.1665795894E-2f, 1.6666665459E-1f,
+                  5.0000001201E-1f})
+    y = _mm256_fmadd_ps(y, v, _mm256_set1_ps(c));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(v, v), _mm256_add_ps(v, _mm256_set1_ps(1.0f)));
+  const __m256i bits = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+  y = _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
+  y = _mm256_andnot_ps(tiny, y);
+  return _mm256_blendv_ps(y, x, nan);
+}
+
+// w[i] = exp(s[i] - peak) for i < n, returning their sum (peak finite or +inf/NaN: the
+// caller's rule for an all -inf chunk is applied before).
+DZ_PAGED_AVX2 float ExpWeightsAvx2(float* s, int64_t n, float peak) {
+  const __m256 top = _mm256_set1_ps(peak);
+  __m256 total = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 w = Exp8(_mm256_sub_ps(_mm256_loadu_ps(s + i), top));
+    _mm256_storeu_ps(s + i, w);
+    total = _mm256_add_ps(total, w);
+  }
+  float sum = HorizontalSum(total);
+  for (; i < n; ++i) {
+    s[i] = std::exp(s[i] - peak);
+    sum += s[i];
+  }
+  return sum;
+}
+
 using ScoreFn = void (*)(float* const*, const Chunk&, int64_t, float (*)[kChunk]);
 using WeighFn = void (*)(float* const*, const Chunk&, int64_t, const float (*)[kChunk]);
 // Indexed by the tile's number of query heads, 1 to kHeadTile.
@@ -184,6 +225,25 @@ void Weigh(bool vectorized, int64_t heads, float* const* acc, const Chunk& c, in
 #endif
   (void)vectorized;
   WeighScalar(heads, acc, c, v_size, probs);
+}
+
+// w[i] = exp(s[i] - peak), or 0 when peak is -inf (exp(-inf - -inf) would be NaN: a chunk
+// of all -inf scores weighs 0); returns their sum.
+float ExpWeights(bool vectorized, float* s, int64_t n, float peak) {
+  if (peak == kNegInf) {
+    std::fill(s, s + n, 0.0f);
+    return 0.0f;
+  }
+#if DZ_PAGED_X86
+  if (vectorized) return ExpWeightsAvx2(s, n, peak);
+#endif
+  (void)vectorized;
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    s[i] = std::exp(s[i] - peak);
+    sum += s[i];
+  }
+  return sum;
 }
 
 // Phase 1: token t's rotated keys and its values, in the pool's [kv_heads, size] row layout.
@@ -295,10 +355,7 @@ void AttendChunk(const Shared& k, const PagedProblem& p, int64_t heads, TokenRow
       rows.sum[r] *= alpha;
       rows.peak[r] = top;
     }
-    for (int64_t i = 0; i < n; ++i) {  // exp(-inf - -inf) would be NaN: all -inf weigh 0
-      scores[r][i] = rows.peak[r] == kNegInf ? 0.0f : std::exp(scores[r][i] - rows.peak[r]);
-      rows.sum[r] += scores[r][i];
-    }
+    rows.sum[r] += ExpWeights(k.vectorized, scores[r], n, rows.peak[r]);
   }
   Weigh(k.vectorized, heads, rows.acc, part, v_size, scores);
 }
