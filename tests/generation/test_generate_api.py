@@ -139,3 +139,14 @@ def test_align_checks_a_prefill_and_a_decode_step(artifact, capsys):
     assert "== prefill step (8 tokens, empty cache)" in out
     assert "== decode step (1 token after 8 cached)" in out
     assert out.count("OK: every compared value is within its threshold") == 2
+
+
+def test_run_and_bench_treat_it_as_the_prefill_forward(artifact, capsys):
+    from compiler.cli import main
+
+    assert main(["run", str(artifact), "--size", "seq=20"]) == 0
+    out = capsys.readouterr().out
+    assert "input_ids[1, 20]" in out and "float32[1, 20, 256]" in out
+    assert main(["bench", str(artifact), "--size", "seq=20", "--runs", "3",
+                 "--warmup", "1"]) == 0
+    assert "input_ids[1, 20]" in capsys.readouterr().out
