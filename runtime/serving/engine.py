@@ -159,14 +159,13 @@ class Engine:
                 continue
             try:
                 events = self.scheduler.step()
+                now = time.perf_counter()
+                for event in events:
+                    self._emit(event, now)
             except Exception as exc:  # a backend failure ends the requests it was serving
                 log.exception("a generation step failed")
                 self._end_all("error", f"the generation step failed: {type(exc).__name__}: "
                               f"{exc}")
-                continue
-            now = time.perf_counter()
-            for event in events:
-                self._emit(event, now)
             self._gauges()
 
     def _warm_up(self) -> None:

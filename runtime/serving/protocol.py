@@ -71,15 +71,19 @@ def parse_request(body: Any, chat: bool, model_name: str, model) -> GenerationRe
         raise ProtocolError(prompt_field, f"the prompt has {len(ids)} tokens; the model's "
                             f"context is {spec.max_positions} positions, and at least one must "
                             "stay for a new token")
-    room = spec.max_positions - len(ids)
-    max_tokens = _max_tokens(body, chat, room)
-    if max_tokens > room:
-        raise ProtocolError("max_tokens", f"a prompt of {len(ids)} tokens plus {max_tokens} new "
-                            f"ones exceeds the model's context of {spec.max_positions} positions")
     allocator = model.runner.allocator
+    cache_tokens = allocator.num_blocks * allocator.block_size
+    if len(ids) >= cache_tokens:
+        raise ProtocolError(prompt_field, f"the prompt has {len(ids)} tokens; the KV cache holds "
+                            f"{cache_tokens}")
+    room = min(spec.max_positions, cache_tokens) - len(ids)
+    field, max_tokens = _max_tokens(body, chat, room)
+    if len(ids) + max_tokens > spec.max_positions:
+        raise ProtocolError(field, f"a prompt of {len(ids)} tokens plus {max_tokens} new ones "
+                            f"exceeds the model's context of {spec.max_positions} positions")
     if allocator.blocks_needed(len(ids) + max_tokens) > allocator.num_blocks:
-        raise ProtocolError("max_tokens", f"{len(ids) + max_tokens} tokens do not fit the KV "
-                            f"cache ({allocator.num_blocks * allocator.block_size} tokens)")
+        raise ProtocolError(field, f"{len(ids) + max_tokens} tokens do not fit the KV cache "
+                            f"({cache_tokens} tokens)")
     stop = _stop(body.get("stop"))
     if stop and tokenizer is None:
         raise ProtocolError("stop", "stop strings need the artifact's tokenizer, and this "
@@ -174,15 +178,17 @@ def _content(content: Any, where: str) -> str:
     raise ProtocolError(where, f"{where} must be a string or a list of text parts")
 
 
-def _max_tokens(body: dict, chat: bool, room: int) -> int:
+def _max_tokens(body: dict, chat: bool, room: int) -> tuple[str, int]:
+    """The field that says how many tokens to generate (chat's newer name first) and its
+    value; without one, OpenAI's 16 for completions, all the room left for chat."""
     field = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None \
         else "max_tokens"
     value = body.get(field)
     if value is None:
-        return min(COMPLETION_DEFAULT_MAX_TOKENS, room) if not chat else room
+        return field, min(COMPLETION_DEFAULT_MAX_TOKENS, room) if not chat else room
     if not _is_int(value) or value < 1:
         raise ProtocolError(field, f"{field}={_show(value)} is not a positive integer")
-    return int(value)
+    return field, int(value)
 
 
 def _sampling(body: dict) -> SamplingParams:

@@ -71,6 +71,19 @@ def test_sigterm_drains_the_request_in_flight_then_exits_0(artifact, tmp_path):
     assert server.process.wait(30) == 0, server.log.read_text()
 
 
+def test_past_the_drain_timeout_the_rest_is_cancelled(artifact, tmp_path):
+    server = Server(artifact, tmp_path / "log", "--drain-timeout", "0")
+    stream = server.client().completions.create(model="lm.dz", prompt=[5, 6, 7],
+                                                max_tokens=240, temperature=0, stream=True)
+    chunks = iter(stream)
+    first = next(chunks)
+    server.process.terminate()
+    rest = list(chunks)  # the stream closes early: its sequence was cancelled
+    tokens = sum(len(c.choices[0].model_extra["token_ids"]) for c in [first, *rest])
+    assert tokens < 240 and rest[-1].choices[0].finish_reason == "stop"
+    assert server.process.wait(30) == 0, server.log.read_text()
+
+
 def test_the_engine_admits_nothing_before_its_warm_up(reference):
     from runtime.serving.engine import Engine, NotAccepting
     from runtime.serving.metrics import Metrics

@@ -53,6 +53,7 @@ BAD = [
         {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]},
      "messages[0].content[0]"),
     ("/v1/chat/completions", {**CHAT, "max_completion_tokens": -3}, "max_completion_tokens"),
+    ("/v1/chat/completions", {**CHAT, "max_completion_tokens": 999}, "max_completion_tokens"),
 ]
 
 
