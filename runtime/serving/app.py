@@ -38,6 +38,8 @@ def create_app(model, model_name: str, engine: Engine, metrics: Metrics) -> Fast
     async def generate(request: Request, chat: bool):
         endpoint = request.url.path
         try:
+            if engine.state != "ok":
+                raise NotAccepting(engine.state)
             body = _decode(await request.body())
             parsed = parse_request(body, chat, model_name, model)
             job = engine.submit(parsed, asyncio.get_running_loop())

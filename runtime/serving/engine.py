@@ -10,8 +10,9 @@ at the next turn of the loop, before the next step.
 
 Admission is counted under a lock on the caller's side, so a full queue is refused at once
 (429): `queued` counts requests admitted and still waiting for their first token, `active`
-those not yet ended. Before taking requests the thread warms the model with a one-token
-generation; `ready` is set after it (the health check answers 200 from then on).
+those not yet ended. Before taking requests the thread allocates the KV cache and warms the
+model with a one-token generation; `ready` is set after it (the health check answers 200 from
+then on, and requests are read only from then on: their checks need the cache's size).
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ class Engine:
         self.model = model
         self.metrics = metrics
         self.max_queue = max_queue
-        self.scheduler = Scheduler(model.runner, max_batch_tokens)
+        self.max_batch_tokens = max_batch_tokens
+        self.scheduler: Scheduler | None = None  # made on the engine thread (the KV pool)
         self.inbox: queue.Queue = queue.Queue()
         self.jobs: dict[int, Job] = {}  # id(sequence) -> job; the engine thread's own
         self.lock = threading.Lock()  # guards queued, active, draining
@@ -170,6 +172,7 @@ class Engine:
 
     def _warm_up(self) -> None:
         spec = self.model.spec
+        self.scheduler = Scheduler(self.model.runner, self.max_batch_tokens)
         bos = (self.model.tokenizer.tokenizer.token_to_id(self.model.tokenizer.bos_token)
                if self.model.tokenizer is not None and self.model.tokenizer.bos_token else None)
         warm = Sequence([bos if bos is not None else 0], 1)
