@@ -43,6 +43,26 @@ def test_a_full_queue_answers_429_with_retry_after(artifact, tmp_path):
         assert server.stop() == 0
 
 
+def test_preempted_requests_still_say_what_generate_says(artifact, reference, tmp_path):
+    # 20 blocks of 16 tokens (8 KiB each): four requests of 140 tokens need 36
+    server = Server(artifact, tmp_path / "log", "--kv-cache-memory", str(20 * 8192))
+    try:
+        prompts = [[10 + i + j % 7 for j in range(40)] for i in range(4)]
+        want = [reference.generate([p], max_new_tokens=100)[0, 40:].tolist() for p in prompts]
+        client = server.client()
+
+        def ask(prompt):
+            return client.completions.create(model="lm.dz", prompt=prompt, max_tokens=100,
+                                             temperature=0).choices[0].model_extra["token_ids"]
+
+        with ThreadPoolExecutor(4) as pool:
+            assert list(pool.map(ask, prompts)) == want
+        assert server.metric("dayzero_preemptions_total") > 0
+        assert server.metric("dayzero_kv_blocks_free") == 20
+    finally:
+        assert server.stop() == 0
+
+
 def test_sigterm_drains_the_request_in_flight_then_exits_0(artifact, tmp_path):
     server = Server(artifact, tmp_path / "log")
     answer = {}
