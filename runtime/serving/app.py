@@ -110,20 +110,28 @@ def _decode(raw: bytes) -> Any:
 async def _collect(engine: Engine, job: Job, request) -> list[Delta] | None:
     """Every delta of `job` up to its end; None (and the job cancelled) if the client left."""
     deltas: list[Delta] = []
+    gone = asyncio.ensure_future(_disconnected(request))
     try:
         while True:
-            try:
-                delta = await asyncio.wait_for(job.events.get(), timeout=1.0)
-            except asyncio.TimeoutError:
-                if await request.is_disconnected():
-                    return None
-                continue
-            deltas.append(delta)
-            if delta.finish_reason is not None:
+            delta = asyncio.ensure_future(job.events.get())
+            await asyncio.wait({delta, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if not delta.done():
+                delta.cancel()
+                return None
+            deltas.append(delta.result())
+            if deltas[-1].finish_reason is not None:
                 return deltas
     finally:
+        gone.cancel()
         if not deltas or deltas[-1].finish_reason is None:
             engine.cancel(job)
+
+
+async def _disconnected(request) -> None:
+    """Returns when the client closes the connection (the body has been read: the server's
+    next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _events(engine: Engine, job: Job, shape: _Shape):

@@ -41,9 +41,18 @@ def serve(model, model_name: str, host: str = "127.0.0.1", port: int = 8000,
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
                             timeout_graceful_shutdown=5)
     server = _DrainingServer(config, engine, drain_timeout)
-    logging.getLogger("dayzero.serve").setLevel(log_level.upper())
+    _log_like_uvicorn(log_level)
     server.run()
     return 0 if server.started else 1
+
+
+def _log_like_uvicorn(level: str) -> None:
+    """The server's own messages (warm-up, drain) on uvicorn's handlers (set up by its Config)."""
+    log.setLevel(level.upper())
+    if not log.handlers:
+        for handler in logging.getLogger("uvicorn").handlers:
+            log.addHandler(handler)
+        log.propagate = not log.handlers
 
 
 class _DrainingServer(uvicorn.Server):

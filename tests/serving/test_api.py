@@ -4,6 +4,8 @@ prompt, alone and among concurrent requests; models, health and metrics answer."
 
 from __future__ import annotations
 
+import json
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -146,6 +148,20 @@ def test_a_client_gone_mid_stream_gets_its_sequence_cancelled_and_blocks_freed(s
     _wait(lambda: server.metric(cancelled) == before + 1)
     assert server.metric("dayzero_kv_blocks_used") == 0
     assert server.metric("dayzero_running_sequences") == 0
+
+
+def test_a_client_gone_before_a_whole_answer_gets_its_sequence_cancelled(server):
+    cancelled = 'dayzero_sequences_finished_total{reason="cancelled"}'
+    before = server.metric(cancelled)
+    body = json.dumps({"model": "lm.dz", "prompt": [5, 6, 7], "max_tokens": 250,
+                       "temperature": 0}).encode()
+    with socket.create_connection(("127.0.0.1", server.port)) as connection:
+        connection.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                           b"application/json\r\nContent-Length: %d\r\n\r\n%s"
+                           % (len(body), body))
+        _wait(lambda: server.metric("dayzero_running_sequences") == 1)
+    _wait(lambda: server.metric(cancelled) == before + 1)
+    assert server.metric("dayzero_kv_blocks_used") == 0
 
 
 def _wait(condition, timeout: float = 10.0) -> None:
