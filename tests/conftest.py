@@ -53,6 +53,7 @@ AREA_BUDGETS: dict[str, float] = {  # measured 2026-12-01 in a clean-clone .ci/r
     "tests/runtime": 150.0,  # 101 s: two-rank launches
     "tests/generation": 150.0,
     "tests/passes": 120.0,
+    "tests/serving": 120.0,
     "tests/tools": 60.0,
     "tests/regression": 40.0,
     "tests/benchmarks": 20.0,

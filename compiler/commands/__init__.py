@@ -4,6 +4,6 @@ Each module has `add_parser(subparsers)`, which declares its arguments and sets 
 a command is a new module plus one entry in `COMMANDS`.
 """
 
-from . import align, backends, bench, compile, coverage, generate, inspect, run
+from . import align, backends, bench, compile, coverage, generate, inspect, run, serve
 
-COMMANDS = (compile, run, generate, inspect, coverage, align, bench, backends)
+COMMANDS = (compile, run, generate, serve, inspect, coverage, align, bench, backends)

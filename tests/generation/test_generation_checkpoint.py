@@ -11,37 +11,13 @@ import torch
 
 import runtime
 from compiler.cli import main
-from tests.generation.tiny_lms import tiny_lm
-
-WORDS = ["hello", "world", "the", "model", "runs", "on", "day", "zero", "a", "cat", "sat",
-         "user", "assistant", ":", "!", "?"]
-CHAT = ("{{ bos_token }}{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} "
-        "{% endfor %}{% if add_generation_prompt %}assistant :{% endif %}")
-
-
-def _tokenizer():
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{w: i + 3 for i, w in enumerate(WORDS)}}
-    vocab.update({f"w{i}": i for i in range(len(vocab), 256)})
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[
-        ("<s>", 1)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                                   unk_token="<unk>", chat_template=CHAT)
+from tests.generation.tiny_lms import checkpoint_folder
 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     root = tmp_path_factory.mktemp("ckpt")
-    hf = tiny_lm("llama")
-    hf.config.bos_token_id, hf.config.eos_token_id = 1, 2
-    hf.generation_config.bos_token_id, hf.generation_config.eos_token_id = 1, 2
-    hf.save_pretrained(root / "lm")
-    _tokenizer().save_pretrained(root / "lm")
-    return root / "lm", hf
+    return root / "lm", checkpoint_folder(root / "lm")
 
 
 @pytest.fixture(scope="module")

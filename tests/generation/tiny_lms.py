@@ -83,3 +83,36 @@ def compile_lm(hf: torch.nn.Module, out: Path, backend: str = "onnxruntime",
 
 def prompt(length: int, seed: int) -> torch.Tensor:
     return torch.randint(0, 256, (1, length), generator=torch.Generator().manual_seed(seed))
+
+
+WORDS = ["hello", "world", "the", "model", "runs", "on", "day", "zero", "a", "cat", "sat",
+         "user", "assistant", ":", "!", "?"]
+CHAT = ("{{ bos_token }}{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} "
+        "{% endfor %}{% if add_generation_prompt %}assistant :{% endif %}")
+
+
+def word_tokenizer():
+    """A whole-word tokenizer over WORDS (and w<id> fillers up to 256 ids) with a chat
+    template, as transformers saves one: tokenizer.json and tokenizer_config.json."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{w: i + 3 for i, w in enumerate(WORDS)}}
+    vocab.update({f"w{i}": i for i in range(len(vocab), 256)})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[
+        ("<s>", 1)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                   unk_token="<unk>", chat_template=CHAT)
+
+
+def checkpoint_folder(path: Path) -> torch.nn.Module:
+    """A tiny llama checkpoint folder at `path` (BOS 1, EOS 2) with `word_tokenizer`, as
+    `dayzero compile FOLDER` reads one; the model, for reference outputs."""
+    hf = tiny_lm("llama")
+    hf.config.bos_token_id, hf.config.eos_token_id = 1, 2
+    hf.generation_config.bos_token_id, hf.generation_config.eos_token_id = 1, 2
+    hf.save_pretrained(path)
+    word_tokenizer().save_pretrained(path)
+    return hf

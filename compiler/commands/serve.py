@@ -1,0 +1,86 @@
+"""`dayzero serve ARTIFACT`: a generation artifact behind an OpenAI-compatible HTTP API.
+
+POST /v1/completions and /v1/chat/completions (streamed as server-sent events or whole),
+GET /v1/models, /health and /metrics; continuous batching over the artifact's paged KV cache.
+The server itself is runtime/serving; this command checks the arguments and the artifact first,
+so a wrong one fails with a message before any port is opened.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import DayzeroError
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("serve", help="serve a generation artifact over an OpenAI-compatible "
+                                     "HTTP API")
+    p.add_argument("artifact", metavar="ARTIFACT")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-batch-tokens", type=int, default=None, metavar="N",
+                   help="tokens per batched step (default: as compiled)")
+    p.add_argument("--max-queue", type=int, default=64, metavar="N",
+                   help="requests waiting for their first token before new ones get 429")
+    p.add_argument("--model-name", default=None, metavar="NAME",
+                   help="the model id clients send (default: the artifact folder's name)")
+    p.add_argument("--kv-cache-memory", default=None, metavar="SIZE",
+                   help="KV cache size, e.g. 512MiB (default: as compiled)")
+    p.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
+                   help="seconds in-flight requests get to finish after SIGTERM")
+    p.add_argument("--nproc", type=int, default=1, metavar="N",
+                   help="processes (only 1 for now)")
+    p.add_argument("--log-level", default="info",
+                   choices=["critical", "error", "warning", "info", "debug"])
+    p.set_defaults(handler=serve_command)
+
+
+def serve_command(args) -> int:
+    _check_args(args)
+    _require_serve_extra()
+    import runtime
+    from runtime.generation.model import GenerationModel
+
+    model = runtime.load(args.artifact, kv_cache_memory=args.kv_cache_memory)
+    if not isinstance(model, GenerationModel):
+        model.generate()  # a forward artifact: says to compile with --task text-generation
+    compiled = model.spec.max_batch_tokens
+    if args.max_batch_tokens is not None and args.max_batch_tokens > compiled:
+        raise DayzeroError(f"--max-batch-tokens {args.max_batch_tokens} is more than the "
+                           f"{compiled} tokens per step the artifact was compiled for",
+                           "--max-batch-tokens", f"pass at most {compiled}, or recompile with "
+                           "a larger generation.max_batch_tokens")
+    from runtime.serving.server import serve
+
+    name = args.model_name or Path(args.artifact).resolve().name
+    return serve(model, name, host=args.host, port=args.port,
+                 max_batch_tokens=args.max_batch_tokens, max_queue=args.max_queue,
+                 drain_timeout=args.drain_timeout, log_level=args.log_level)
+
+
+def _check_args(args) -> None:
+    if args.nproc != 1:
+        raise DayzeroError(f"--nproc {args.nproc}: dayzero serve runs one process for now",
+                           "--nproc", "drop --nproc (serving across ranks is not done yet)")
+    for flag, value, low in (("--max-batch-tokens", args.max_batch_tokens, 1),
+                             ("--max-queue", args.max_queue, 1), ("--port", args.port, 0)):
+        if value is not None and value < low:
+            raise DayzeroError(f"{flag} {value} is less than {low}", flag,
+                               f"pass {flag} of at least {low}")
+    if args.port > 65535:
+        raise DayzeroError(f"--port {args.port} is not a TCP port", "--port",
+                           "pass a port in 0..65535")
+    if args.drain_timeout < 0:
+        raise DayzeroError(f"--drain-timeout {args.drain_timeout} is negative",
+                           "--drain-timeout", "pass a number of seconds >= 0")
+
+
+def _require_serve_extra() -> None:
+    try:
+        import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        raise DayzeroError(f"dayzero serve needs the serve extra: {exc.name} is not installed",
+                           "dayzero serve", "pip install -e '.[serve]'") from None

@@ -1,0 +1,273 @@
+"""The engine thread: the one owner of the Scheduler, fed through a thread-safe queue.
+
+The Scheduler is not thread-safe, so exactly one thread touches it. HTTP handlers (on the
+asyncio loop) `submit` a checked request and `cancel` one through `inbox`, a `queue.Queue`; the
+thread takes every pending command, runs one batched step (the next token of every running
+sequence plus prompt chunks of waiting ones, within the token budget), and sends each request
+its `Delta` on its own asyncio queue with `loop.call_soon_threadsafe`. With nothing to do it
+sleeps on the inbox. A cancelled request (a client gone, a drain's deadline) frees its blocks
+at the next turn of the loop, before the next step.
+
+Admission is counted under a lock on the caller's side, so a full queue is refused at once
+(429): `queued` counts requests admitted and still waiting for their first token, `active`
+those not yet ended. Before taking requests the thread allocates the KV cache and warms the
+model with a one-token generation; `ready` is set after it (the health check answers 200 from
+then on, and requests are read only from then on: their checks need the cache's size).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..generation.scheduler import Scheduler, Sequence, TokenEvent
+from .metrics import Metrics
+from .protocol import GenerationRequest
+from .text import TextStream
+
+log = logging.getLogger("dayzero.serve")
+
+
+class QueueFull(Exception):
+    """`max_queue` requests are already waiting for their first token."""
+
+
+class NotAccepting(Exception):
+    """The engine is warming up, draining, or failed to start."""
+
+
+@dataclass
+class Delta:
+    """What one step added to a request: new text, new token ids, and how it ended (if so)."""
+    text: str
+    tokens: list[int]
+    finish_reason: str | None = None  # stop, length, cancelled, error
+    error: str | None = None
+
+
+@dataclass(eq=False)
+class Job:
+    request: GenerationRequest
+    sequence: Sequence
+    text: TextStream
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    submitted: float = field(default_factory=time.perf_counter)
+    first_token: float | None = None
+    last_token: float | None = None
+    queued: bool = True  # counted in Engine.queued until its first token
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.sequence.prompt_len
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.sequence.generated)
+
+
+class Engine:
+    def __init__(self, model, metrics: Metrics, max_batch_tokens: int | None = None,
+                 max_queue: int = 64):
+        self.model = model
+        self.metrics = metrics
+        self.max_queue = max_queue
+        self.max_batch_tokens = max_batch_tokens
+        self.scheduler: Scheduler | None = None  # made on the engine thread (the KV pool)
+        self.inbox: queue.Queue = queue.Queue()
+        self.jobs: dict[int, Job] = {}  # id(sequence) -> job; the engine thread's own
+        self.lock = threading.Lock()  # guards queued, active, draining
+        self.queued = 0
+        self.active = 0
+        self.draining = False
+        self.ready = threading.Event()
+        self.failure: str | None = None
+        self._preemptions = 0
+        self.thread = threading.Thread(target=self._run, name="dayzero-engine", daemon=True)
+
+    # -- the callers' side (any thread) ------------------------------------------------------
+    def start(self) -> None:
+        self.thread.start()
+
+    def submit(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> Job:
+        """Admit `request`, or raise QueueFull / NotAccepting."""
+        with self.lock:
+            if self.draining or not self.ready.is_set():
+                raise NotAccepting(self.state)
+            if self.queued >= self.max_queue:
+                raise QueueFull(f"{self.queued} requests are waiting for their first token "
+                                f"(--max-queue {self.max_queue})")
+            self.queued += 1
+            self.active += 1
+        sampling = request.sampling
+        rng = np.random.default_rng([sampling.seed, 0]) if sampling.seed is not None else None
+        sequence = Sequence(list(request.prompt_ids), request.max_tokens, sampling,
+                            frozenset(int(t) for t in self.model.spec.eos_token_ids), rng)
+        job = Job(request, sequence, TextStream(self.model.tokenizer, request.stop), loop)
+        self.metrics.prompt_tokens.inc(len(request.prompt_ids))
+        self.inbox.put(("add", job))
+        return job
+
+    def cancel(self, job: Job) -> None:
+        """End `job` now (its client went away); its blocks are freed before the next step."""
+        self.inbox.put(("cancel", job))
+
+    def cancel_all(self) -> None:
+        self.inbox.put(("cancel_all", None))
+
+    def begin_drain(self) -> None:
+        with self.lock:
+            self.draining = True
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Whether every admitted request ended within `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.active == 0:
+                return True
+            time.sleep(0.02)
+        return self.active == 0
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.inbox.put(("stop", None))
+        if self.thread.is_alive():
+            self.thread.join(timeout)
+
+    @property
+    def state(self) -> str:
+        if self.failure is not None:
+            return "failed"
+        if self.draining:
+            return "draining"
+        return "ok" if self.ready.is_set() else "loading"
+
+    # -- the engine thread -------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            self._warm_up()
+        except Exception as exc:  # the health check says so; nothing is admitted
+            self.failure = f"{type(exc).__name__}: {exc}"
+            log.exception("the model failed its warm-up generation")
+            return
+        self.ready.set()
+        while self._take_commands(block=self.scheduler.idle):
+            if self.scheduler.idle:
+                continue
+            try:
+                events = self.scheduler.step()
+                now = time.perf_counter()
+                for event in events:
+                    self._emit(event, now)
+            except Exception as exc:  # a backend failure ends the requests it was serving
+                log.exception("a generation step failed")
+                self._end_all("error", f"the generation step failed: {type(exc).__name__}: "
+                              f"{exc}")
+            self._gauges()
+
+    def _warm_up(self) -> None:
+        spec = self.model.spec
+        self.scheduler = Scheduler(self.model.runner, self.max_batch_tokens)
+        bos = (self.model.tokenizer.tokenizer.token_to_id(self.model.tokenizer.bos_token)
+               if self.model.tokenizer is not None and self.model.tokenizer.bos_token else None)
+        warm = Sequence([bos if bos is not None else 0], 1)
+        self.scheduler.add(warm)
+        for _ in self.scheduler.run():
+            pass
+        log.info("warmed up: vocabulary %d, context %d, KV cache %d blocks", spec.vocab_size,
+                 spec.max_positions, self.scheduler.allocator.num_blocks)
+        self._gauges()
+
+    def _take_commands(self, block: bool) -> bool:
+        """Apply every pending command (waiting for one when `block`); False on stop."""
+        try:
+            command = self.inbox.get() if block else self.inbox.get_nowait()
+        except queue.Empty:
+            return True
+        while True:
+            kind, job = command
+            if kind == "stop":
+                self._end_all("cancelled")
+                return False
+            if kind == "add":
+                self.jobs[id(job.sequence)] = job
+                self.scheduler.add(job.sequence)
+            elif kind == "cancel" and id(job.sequence) in self.jobs:
+                self.scheduler.cancel(job.sequence)
+                self._end(job, Delta("", [], "cancelled"))
+            elif kind == "cancel_all":
+                self._end_all("cancelled")
+            try:
+                command = self.inbox.get_nowait()
+            except queue.Empty:
+                self._gauges()
+                return True
+
+    def _emit(self, event: TokenEvent, now: float) -> None:
+        job = self.jobs.get(id(event.sequence))
+        if job is None:  # the warm-up sequence
+            return
+        sequence = event.sequence
+        self.metrics.generated_tokens.inc()
+        if job.first_token is None:
+            job.first_token = now
+            self.metrics.ttft.observe(now - job.submitted)
+            self._unqueue(job)
+        job.last_token = now
+        text = job.text.push(event.token)
+        if job.text.stopped:
+            if not sequence.finished:
+                sequence.finish_reason = "stop"
+                self.scheduler.cancel(sequence)  # keeps the reason it finds
+            self._end(job, Delta(text, [event.token], "stop"))
+        elif sequence.finished:
+            self._end(job, Delta(text + job.text.flush(), [event.token],
+                                 sequence.finish_reason))
+        else:
+            self._send(job, Delta(text, [event.token]))
+
+    def _end(self, job: Job, delta: Delta) -> None:
+        self.jobs.pop(id(job.sequence), None)
+        self._send(job, delta)
+        self.metrics.finished.labels(delta.finish_reason).inc()
+        if job.first_token is not None and job.completion_tokens > 1:
+            self.metrics.tpot.observe((job.last_token - job.first_token)
+                                      / (job.completion_tokens - 1))
+        self._unqueue(job)
+        with self.lock:
+            self.active -= 1
+
+    def _end_all(self, reason: str, error: str | None = None) -> None:
+        for job in list(self.jobs.values()):
+            if not job.sequence.finished:
+                self.scheduler.cancel(job.sequence)
+            self._end(job, Delta("", [], reason, error))
+        self._gauges()
+
+    def _unqueue(self, job: Job) -> None:
+        if job.queued:
+            job.queued = False
+            with self.lock:
+                self.queued -= 1
+
+    @staticmethod
+    def _send(job: Job, delta: Delta) -> None:
+        try:
+            job.loop.call_soon_threadsafe(job.events.put_nowait, delta)
+        except RuntimeError:  # the event loop has closed: nobody is listening
+            pass
+
+    def _gauges(self) -> None:
+        m, scheduler = self.metrics, self.scheduler
+        m.queue_depth.set(self.queued)
+        m.running.set(len(scheduler.running))
+        m.kv_used.set(scheduler.allocator.used)
+        m.kv_free.set(scheduler.allocator.num_blocks - scheduler.allocator.used)
+        if scheduler.preemptions > self._preemptions:
+            m.preemptions.inc(scheduler.preemptions - self._preemptions)
+            self._preemptions = scheduler.preemptions

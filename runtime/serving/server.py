@@ -1,0 +1,82 @@
+"""Running the server: uvicorn on one event loop, the engine on its own thread, and a drain.
+
+SIGTERM (or Ctrl-C) starts a drain instead of uvicorn's immediate stop: the engine admits
+nothing more and /health answers 503, the requests in flight run to their end for up to
+`drain_timeout` seconds, whatever is left is cancelled (its blocks freed, its streams closed),
+then uvicorn shuts down and the process exits 0. A second signal stops at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from contextlib import asynccontextmanager
+
+import uvicorn
+
+from .app import create_app
+from .engine import Engine
+from .metrics import Metrics
+
+log = logging.getLogger("dayzero.serve")
+
+
+def serve(model, model_name: str, host: str = "127.0.0.1", port: int = 8000,
+          max_batch_tokens: int | None = None, max_queue: int = 64,
+          drain_timeout: float = 30.0, log_level: str = "info") -> int:
+    """Serve `model` (a GenerationModel) until a signal drains it; the exit status."""
+    metrics = Metrics()
+    engine = Engine(model, metrics, max_batch_tokens, max_queue)
+    app = create_app(model, model_name, engine, metrics)
+
+    @asynccontextmanager
+    async def lifespan(_app):
+        engine.start()
+        try:
+            yield
+        finally:
+            engine.stop()
+
+    app.router.lifespan_context = lifespan
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
+                            timeout_graceful_shutdown=5)
+    server = _DrainingServer(config, engine, drain_timeout)
+    _log_like_uvicorn(log_level)
+    server.run()
+    return 0 if server.started else 1
+
+
+def _log_like_uvicorn(level: str) -> None:
+    """The server's own messages (warm-up, drain) on uvicorn's handlers (set up by its Config)."""
+    log.setLevel(level.upper())
+    if not log.handlers:
+        for handler in logging.getLogger("uvicorn").handlers:
+            log.addHandler(handler)
+        log.propagate = not log.handlers
+
+
+class _DrainingServer(uvicorn.Server):
+    def __init__(self, config, engine: Engine, drain_timeout: float):
+        super().__init__(config)
+        self.engine = engine
+        self.drain_timeout = drain_timeout
+        self._draining = False
+
+    def handle_exit(self, sig, frame) -> None:
+        # uvicorn's own handler stops at once and re-raises the signal after shutdown (the
+        # process would die of SIGTERM, not exit 0); this one drains first.
+        if self._draining:
+            self.should_exit = self.force_exit = True
+            return
+        self._draining = True
+        self.engine.begin_drain()
+        log.info("draining: finishing %d request(s) for up to %.0f s", self.engine.active,
+                 self.drain_timeout)
+        threading.Thread(target=self._drain, name="dayzero-drain", daemon=True).start()
+
+    def _drain(self) -> None:
+        if not self.engine.wait_idle(self.drain_timeout):
+            log.warning("drain timeout: cancelling %d request(s)", self.engine.active)
+            self.engine.cancel_all()
+            self.engine.wait_idle(2.0)
+        self.should_exit = True
