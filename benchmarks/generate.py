@@ -349,6 +349,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--peers-max", type=int, default=8192)
     p.add_argument("--prompt", type=int, default=128)
     p.add_argument("--new", type=int, default=64)
+    p.add_argument("--max-positions", type=int, default=32768 + 64,
+                   help="the checkpoint's and artifacts' position range (one build serves every "
+                        "--context up to it)")
     p.add_argument("--workdir", default="/tmp/dayzero-generate-bench")
     p.add_argument("--skip-int4", action="store_true")
     p.add_argument("--skip-peers", action="store_true")
@@ -362,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     contexts = [int(c) for c in args.context.split(",")]
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
-    positions = max(contexts + [args.prompt]) + args.new
+    positions = max(max(contexts + [args.prompt]) + args.new, args.max_positions)
     folder = make_checkpoint(work / f"llama-150m-{positions}", positions)
     paths = {"dayzero": work / f"dayzero-{positions}.dz",
              "transformers": folder, "genai-fp32": work / "genai-fp32"}
