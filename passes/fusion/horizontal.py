@@ -1,10 +1,14 @@
 """Horizontal merge: linears that read one input become one linear over concatenated weights.
 
 Q/K/V projections (and gate/up when they are not already a gated_mlp) all read the same
-activations; one wide matmul reads them once and runs at a better shape. The merged weight (and
-bias) is concatenated at compile time into a new weight in `graph.weight_data`, and each original
-result becomes a `slice` of the merged one. Found first, applied after: `find_groups` only reads
-the graph; `merge_group` changes it and returns a record like any rewrite.
+activations; one wide matmul reads them once and runs at a better shape. Quantized linears
+(`quantized_linear`, blockwise along the input features) merge the same way, when their bits,
+group size and activation precision agree: their codes and scales stack by output row, and an
+int8-activation product quantizes the shared input once instead of once per projection. The
+merged weight (and bias) is concatenated at compile time into a new weight in
+`graph.weight_data`, and each original result becomes a `slice` of the merged one. Found first,
+applied after: `find_groups` only reads the graph; `merge_group` changes it and returns a record
+like any rewrite.
 
 Merged only when it is exact and cheap: every weight (and bias) is a graph weight with its data in
 memory (not still in a checkpoint shard), all of one dtype, with no bias or all with one, and each
@@ -32,11 +36,31 @@ def _known_weight(graph: Graph, value: Value | None) -> bool:
         graph.weight_data.get(value.name), (torch.Tensor, np.ndarray))
 
 
+_MERGEABLE = ("linear", "quantized_linear")
+
+
+def _parts(node: Node) -> tuple[Value, list[Value], Value | None]:
+    """(input, the row-stacked weights: the weight, or the codes and scales; the bias)."""
+    if node.op == "linear":
+        return node.inputs[0], [node.inputs[1]], node.inputs[2]
+    return node.inputs[0], [node.inputs[1], node.inputs[2]], node.inputs[3]
+
+
+def _kind(node: Node) -> tuple:
+    """What must agree for nodes to merge besides their input: op, dtype, in-features and the
+    quantization."""
+    if node.op == "linear":
+        return ("linear", node.inputs[1].dtype, str(node.inputs[1].shape[1]))
+    a = node.attrs
+    return ("quantized_linear", node.inputs[2].dtype, a["in_features"], a["bits"],
+            a["group_size"], a.get("activations", "float"))
+
+
 def _mergeable(graph: Graph, node: Node, readers: dict, returned: set[int]) -> bool:
-    if node.op != "linear":
+    if node.op not in _MERGEABLE:
         return False
-    x, w, b = node.inputs
-    params = [w] if b is None else [w, b]
+    _, stacked, b = _parts(node)
+    params = stacked if b is None else [*stacked, b]
     return all(_known_weight(graph, p) and len(readers[p]) == 1 and id(p) not in returned
                for p in params)
 
@@ -48,8 +72,8 @@ def find_groups(graph: Graph) -> list[list[Node]]:
     groups: dict[tuple, list[Node]] = {}
     for node in graph.nodes:
         if _mergeable(graph, node, readers, returned):
-            x, w, b = node.inputs
-            key = (id(x), w.dtype, b is None)
+            x, _, b = _parts(node)
+            key = (id(x), _kind(node), b is None)
             groups.setdefault(key, []).append(node)
     return [nodes for nodes in groups.values() if len(nodes) >= _MIN_GROUP
             and all(equal(n.inputs[1].shape[1], nodes[0].inputs[1].shape[1]) for n in nodes)]
@@ -74,25 +98,23 @@ def merged_name(names: list[str]) -> str:
 
 
 def merge_group(graph: Graph, nodes: list[Node]) -> RewriteRecord:
-    """Replace `nodes` (linears of one input) by one linear and slices of its result."""
+    """Replace `nodes` (linears, or quantized linears, of one input) by one and slices of its
+    result."""
     first = nodes[0]
     x = first.inputs[0]
-    weights = [n.inputs[1] for n in nodes]
-    biases = [n.inputs[2] for n in nodes]
-    rows = [w.shape[0] for w in weights]
-    total = sum(rows)
+    rows = [n.outputs[0].shape[-1] for n in nodes]
     builder = RewriteBuilder(graph, first)
-    # concat_rows stays lazy for lazy (checkpoint-backed) weights: merging never reads them
-    w_data = concat_rows([graph.weight_data[w.name] for w in weights])
-    weight = builder.weight(merged_name([w.name for w in weights]), w_data,
-                            TensorType(weights[0].dtype, (total, weights[0].shape[1])))
-    bias = None
-    if biases[0] is not None:
-        b_data = concat_rows([graph.weight_data[b.name] for b in biases])
-        bias = builder.weight(merged_name([b.name for b in biases]), b_data,
-                              TensorType(biases[0].dtype, (total,)))
-    merged = builder.linear(x, weight, bias)
-    origin = [entry for n in nodes for entry in n.attrs.get("origin", [f"%{n.output.name} linear"])]
+    stacks = list(zip(*(_parts(n)[1] for n in nodes)))  # per stacked parameter, every node's
+    biases = [_parts(n)[2] for n in nodes]
+    merged_params = [_stack(graph, builder, list(stack)) for stack in stacks]
+    bias = _stack(graph, builder, biases) if biases[0] is not None else None
+    if first.op == "linear":
+        merged = builder.linear(x, merged_params[0], bias)
+    else:
+        attrs = {k: v for k, v in first.attrs.items() if k != "origin"}
+        merged = builder.quantized_linear(x, *merged_params, bias, **attrs)
+    origin = [entry for n in nodes
+              for entry in n.attrs.get("origin", [f"%{n.output.name} {n.op}"])]
     merged.producer.attrs = {**merged.producer.attrs, "origin": origin}
     start = 0
     for node, size in zip(nodes, rows):
@@ -101,12 +123,20 @@ def merge_group(graph: Graph, nodes: list[Node]) -> RewriteRecord:
         part.name = node.output.name  # the slice stands for the old result: keep its name
         start += size
     graph.remove_nodes(nodes)
-    for p in weights + [b for b in biases if b is not None]:
+    for p in [p for stack in stacks for p in stack] + [b for b in biases if b is not None]:
         del graph.weights[p.name]
         graph.weight_data.pop(p.name, None)
-    return RewriteRecord("merge_linears", f"%{first.output.name} linear", first.loc,
+    return RewriteRecord("merge_linears", f"%{first.output.name} {first.op}", first.loc,
                          tuple(origin), tuple(f"%{n.outputs[0].name} {n.op}"
                                               for n in builder.created))
+
+
+def _stack(graph: Graph, builder: RewriteBuilder, params: list[Value]) -> Value:
+    """One weight: `params` stacked along their first dim (lazily for checkpoint weights)."""
+    data = concat_rows([graph.weight_data[p.name] for p in params])
+    shape = (sum(p.shape[0] for p in params), *params[0].shape[1:])
+    return builder.weight(merged_name([p.name for p in params]), data,
+                          TensorType(params[0].dtype, shape))
 
 
 def merge_horizontal(graph: Graph) -> list[RewriteRecord]:
