@@ -94,7 +94,7 @@ def test_each_architecture_generates_from_its_checkpoint_folder(name, tmp_path):
         assert_same_greedy,
         transformers_generate,
     )
-    from tests.generation.tiny_lms import prompt
+    from tests.generation.tiny_lms import prompt, tiny_lm
 
     hf = tiny_lm(name)
     hf.generation_config.eos_token_id = None
