@@ -121,10 +121,17 @@ def compile_command(args) -> int:
 
 
 def default_task(checkpoint) -> str:
-    """text-generation for a checkpoint of a causal LM (config.json's architecture names a
-    *ForCausalLM class), forward for anything else."""
+    """text-generation for a checkpoint of a causal LM (config.json's architecture is a
+    *ForCausalLM class, or another class transformers' causal-LM auto mapping lists, such as
+    GPT2LMHeadModel), forward for anything else."""
     architecture = getattr(getattr(checkpoint, "model", None), "architecture", "")
-    return "text-generation" if architecture.endswith("ForCausalLM") else "forward"
+    if not architecture:
+        return "forward"
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    causal = architecture.endswith("ForCausalLM") or \
+        architecture in set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    return "text-generation" if causal else "forward"
 
 
 def _seq_range(text: str | None) -> tuple[int, int] | None:
