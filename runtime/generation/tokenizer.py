@@ -12,14 +12,19 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from compiler.errors import ArtifactError, InputError
+from compiler.errors import ArtifactError, DayzeroError, InputError
 
 DIR = "tokenizer/"
 
 
 class ArtifactTokenizer:
     def __init__(self, files: Mapping[str, bytes], where: str):
-        from tokenizers import Tokenizer
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise DayzeroError("reading the artifact's tokenizer needs the `tokenizers` package",
+                               f"{where}/{DIR}", "pip install tokenizers (transformers brings "
+                               "it), or call generate with token ids") from None
 
         self.where = where
         try:
@@ -52,7 +57,12 @@ class ArtifactTokenizer:
                              "pass a plain prompt string, or compile from a checkpoint whose "
                              "tokenizer_config.json has a chat_template")
         _check_messages(messages)
-        from jinja2 import TemplateError
+        try:
+            from jinja2 import TemplateError
+        except ImportError:
+            raise DayzeroError("rendering the chat template needs the `jinja2` package",
+                               f"{self.where}/{DIR}", "pip install jinja2, or pass a plain "
+                               "prompt string") from None
         from jinja2.ext import loopcontrols
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
