@@ -171,7 +171,8 @@ class Summary:
     requests: int
     completed: int
     cancelled: int
-    errors: dict[str, int]   # by error_kind, 429 among them
+    busy: int                # 429s: the server's queue was full (backpressure, by design)
+    errors: dict[str, int]   # the other failures, by error_kind
     tokens: int
     tokens_per_s: float
     ttft_p50: float
@@ -184,11 +185,13 @@ class Summary:
 def summarize(outcomes: list[Outcome], wall: float) -> Summary:
     """Figures of one load run (times in seconds; tokens/s over `wall`)."""
     errors = Counter(k for k in map(error_kind, outcomes) if k is not None)
+    busy = errors.pop("429", 0)
     tokens = sum(len(o.tokens) for o in outcomes)
     ttfts = [o.ttft for o in outcomes if o.ttft is not None and o.status == 200]
     tpots = [o.tpot for o in outcomes if o.tpot is not None and o.completed]
     return Summary(len(outcomes), sum(o.completed for o in outcomes),
-                   sum(o.cancelled for o in outcomes), dict(sorted(errors.items())), tokens,
+                   sum(o.cancelled for o in outcomes), busy, dict(sorted(errors.items())),
+                   tokens,
                    tokens / wall if wall > 0 else math.nan, percentile(ttfts, 50),
                    percentile(ttfts, 99), percentile(tpots, 50), percentile(tpots, 99),
                    sum(o.lost_ids for o in outcomes))
@@ -196,8 +199,8 @@ def summarize(outcomes: list[Outcome], wall: float) -> Summary:
 
 def summary_line(label: str, s: Summary) -> str:
     errors = ", ".join(f"{k}: {v}" for k, v in s.errors.items()) or "none"
-    line = (f"  {label:<6}{s.requests:>5} req {s.completed:>5} ok  errors {errors:<12}"
-            f"{s.tokens_per_s:>8.1f} tok/s  TTFT p50 {s.ttft_p50 * 1e3:7.0f} p99 "
+    line = (f"  {label:<8}{s.requests:>4} req {s.completed:>4} ok  429s {s.busy}  errors "
+            f"{errors:<6}{s.tokens_per_s:>8.1f} tok/s  TTFT p50 {s.ttft_p50 * 1e3:7.0f} p99 "
             f"{s.ttft_p99 * 1e3:7.0f} ms  TPOT p50 {s.tpot_p50 * 1e3:6.1f} p99 "
             f"{s.tpot_p99 * 1e3:6.1f} ms")
     if s.cancelled:

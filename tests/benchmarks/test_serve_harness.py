@@ -77,13 +77,13 @@ def test_a_summary_splits_errors_by_status_and_times_each_request(bench):
                 _outcome(bench, 6, n=3, finish_reason=None, cancelled=True)]
     s = bench.summarize(outcomes, wall=2.0)
     assert s.requests == 7 and s.completed == 2 and s.cancelled == 1
-    assert s.errors == {"429": 2, "stream": 1, "transport": 1}
+    assert s.busy == 2 and s.errors == {"stream": 1, "transport": 1}  # 429s apart
     assert s.tokens == 5 + 5 + 2 + 3 and s.tokens_per_s == pytest.approx(7.5)
     # TTFT over every answered request (0.1, 0.3, 0.5, 0.5); TPOT over the completed ones
     assert s.ttft_p50 == pytest.approx(0.4) and s.tpot_p50 == pytest.approx(0.02)
     assert s.tpot_p99 == pytest.approx(0.0298)
     line = bench.summary_line("c=8", s)
-    assert "429: 2" in line and "transport: 1" in line and "7.5 tok/s" in line
+    assert "429s 2" in line and "stream: 1, transport: 1" in line and "7.5 tok/s" in line
     assert "cancelled 1" in line and "MISSING" not in line
 
 
