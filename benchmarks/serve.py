@@ -122,6 +122,7 @@ class Outcome:
     """One request as the client saw it."""
     index: int
     status: int = 0          # HTTP status; 0: no response (transport error)
+    prompt_tokens: int = 0
     start: float = 0.0
     stamps: list[float] = field(default_factory=list)  # arrival time of each token id
     tokens: list[int] = field(default_factory=list)
@@ -175,6 +176,7 @@ class Summary:
     errors: dict[str, int]   # the other failures, by error_kind
     tokens: int
     tokens_per_s: float
+    prompt_tokens_per_s: float  # of the requests answered (not 429, not failed to connect)
     ttft_p50: float
     ttft_p99: float
     tpot_p50: float
@@ -192,7 +194,9 @@ def summarize(outcomes: list[Outcome], wall: float) -> Summary:
     return Summary(len(outcomes), sum(o.completed for o in outcomes),
                    sum(o.cancelled for o in outcomes), busy, dict(sorted(errors.items())),
                    tokens,
-                   tokens / wall if wall > 0 else math.nan, percentile(ttfts, 50),
+                   tokens / wall if wall > 0 else math.nan,
+                   sum(o.prompt_tokens for o in outcomes if o.status == 200) / wall
+                   if wall > 0 else math.nan, percentile(ttfts, 50),
                    percentile(ttfts, 99), percentile(tpots, 50), percentile(tpots, 99),
                    sum(o.lost_ids for o in outcomes))
 
@@ -202,7 +206,7 @@ def summary_line(label: str, s: Summary) -> str:
     line = (f"  {label:<8}{s.requests:>4} req {s.completed:>4} ok  429s {s.busy}  errors "
             f"{errors:<6}{s.tokens_per_s:>8.1f} tok/s  TTFT p50 {s.ttft_p50 * 1e3:7.0f} p99 "
             f"{s.ttft_p99 * 1e3:7.0f} ms  TPOT p50 {s.tpot_p50 * 1e3:6.1f} p99 "
-            f"{s.tpot_p99 * 1e3:6.1f} ms")
+            f"{s.tpot_p99 * 1e3:6.1f} ms  (prompts {s.prompt_tokens_per_s:.0f} tok/s)")
     if s.cancelled:
         line += f"  cancelled {s.cancelled}"
     if s.lost_ids:
@@ -387,7 +391,7 @@ def _body(model: str, req: Req, stream: bool) -> dict:
 
 async def stream_one(client, model: str, req: Req, cancel_after: int | None = None) -> Outcome:
     """One streamed completion; `cancel_after` tokens (0: before the first) closes it early."""
-    out = Outcome(req.index, start=time.perf_counter())
+    out = Outcome(req.index, prompt_tokens=len(req.prompt), start=time.perf_counter())
     try:
         async with client.stream("POST", "/v1/completions", json=_body(model, req, True)) as r:
             out.status = r.status_code

@@ -60,8 +60,8 @@ def test_the_request_mix_fits_a_small_context(bench):
 
 def _outcome(bench, index=0, status=200, first=0.5, n=5, gap=0.02, **kw):
     stamps = [10.0 + first + gap * i for i in range(n)]
-    base = dict(status=status, start=10.0, stamps=stamps, tokens=list(range(100, 100 + n)),
-                finish_reason="length")
+    base = dict(status=status, prompt_tokens=10, start=10.0, stamps=stamps,
+                tokens=list(range(100, 100 + n)), finish_reason="length")
     base.update(kw)
     return bench.Outcome(index, **base)
 
@@ -79,6 +79,7 @@ def test_a_summary_splits_errors_by_status_and_times_each_request(bench):
     assert s.requests == 7 and s.completed == 2 and s.cancelled == 1
     assert s.busy == 2 and s.errors == {"stream": 1, "transport": 1}  # 429s apart
     assert s.tokens == 5 + 5 + 2 + 3 and s.tokens_per_s == pytest.approx(7.5)
+    assert s.prompt_tokens_per_s == pytest.approx(4 * 10 / 2.0)  # the 429s read none
     # TTFT over every answered request (0.1, 0.3, 0.5, 0.5); TPOT over the completed ones
     assert s.ttft_p50 == pytest.approx(0.4) and s.tpot_p50 == pytest.approx(0.02)
     assert s.tpot_p99 == pytest.approx(0.0298)
@@ -179,7 +180,7 @@ def test_a_stream_is_read_into_token_ids_and_times(bench):
                                         usage))
     assert seen[0]["prompt"] == [5, 6, 7] and seen[0]["temperature"] == 0
     assert seen[0]["stream"] is True and seen[0]["stream_options"] == {"include_usage": True}
-    assert out.index == 7 and out.status == 200 and out.completed
+    assert out.index == 7 and out.status == 200 and out.completed and out.prompt_tokens == 3
     assert out.tokens == [11, 12, 13, 14] and len(out.stamps) == 4 and out.ttft >= 0
     assert out.usage_tokens == 4 and not out.lost_ids
     out, _ = _run_stream(bench, _sse(_chunk([11]), _chunk([12]), _chunk([13])), cancel_after=2)
