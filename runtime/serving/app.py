@@ -148,7 +148,9 @@ async def _events(engine: Engine, job: Job, shape: _Shape):
             if delta.error is not None:
                 yield _sse(ProtocolError(None, delta.error, 500, "server_error").body())
                 break
-            if delta.text or ended:
+            # a completion chunk carries the step's token ids even when its text is held back
+            # (a possible stop string, half a character, no tokenizer)
+            if delta.text or ended or (delta.tokens and not shape.chat):
                 yield _sse(shape.chunk(delta))
         if shape.request.include_usage:
             yield _sse(shape.usage_chunk(job))

@@ -170,3 +170,24 @@ def _wait(condition, timeout: float = 10.0) -> None:
         if time.monotonic() > deadline:
             pytest.fail("condition not met in time")
         time.sleep(0.05)
+
+
+def _ids_of(choice) -> list[int]:
+    return list(getattr(choice, "token_ids", None) or choice.model_extra["token_ids"])
+
+
+def test_a_stream_carries_every_token_id_even_while_text_is_held(server, reference):
+    """A two-word stop string holds the first word's text back (it may begin the stop): the
+    stream must still carry that step's token id, as the whole answer does."""
+    ids = reference.tokenizer.encode(PROMPT)
+    _, text = _expected(reference, ids, 20)
+    words = text.split()
+    stop = " " + " ".join(words[len(words) // 2:len(words) // 2 + 2])
+    client = server.client()
+    whole = client.completions.create(model="lm.dz", prompt=PROMPT, max_tokens=20,
+                                      temperature=0, stop=stop)
+    streamed = client.completions.create(model="lm.dz", prompt=PROMPT, max_tokens=20,
+                                         temperature=0, stop=stop, stream=True)
+    got = [i for chunk in streamed for i in _ids_of(chunk.choices[0])]
+    assert got == _ids_of(whole.choices[0])
+    assert len(got) == whole.usage.completion_tokens
