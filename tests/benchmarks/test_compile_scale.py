@@ -3,26 +3,15 @@ verdicts, the small-stage and torch exemptions, and one real compile at 2 layers
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmarks.scripts import benchmark_script
 
 
 @pytest.fixture(scope="module")
 def scale():
-    spec = importlib.util.spec_from_file_location("bench_compile_scale",
-                                                  ROOT / "benchmarks" / "compile_scale.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
+    with benchmark_script("compile_scale") as module:
         yield module
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 def test_linear_stages_pass_and_quadratic_ones_fail(scale, capsys):

@@ -3,26 +3,15 @@ rates, the target verdicts, the child's result line, prompts and the decode weig
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmarks.scripts import benchmark_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_generate",
-                                                  ROOT / "benchmarks" / "generate.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    try:
-        spec.loader.exec_module(module)
+    with benchmark_script("generate") as module:
         yield module
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 def test_decode_figures_split_the_first_token_from_the_decode_rate(bench):

@@ -3,25 +3,17 @@ roofline floor, the best peer, the report's columns and the cold-compile subproc
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmarks.scripts import benchmark_script
 
 
 @pytest.fixture(scope="module")
 def peers():
-    spec = importlib.util.spec_from_file_location("bench_peers", ROOT / "benchmarks" / "peers.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    try:
-        spec.loader.exec_module(module)
+    with benchmark_script("peers") as module:
         yield module
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 def test_every_round_times_every_peer_in_one_block(peers):

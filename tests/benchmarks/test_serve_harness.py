@@ -5,27 +5,18 @@ response reader, and the static-batch helpers."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmarks.scripts import benchmark_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_serve", ROOT / "benchmarks" / "serve.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    try:
-        spec.loader.exec_module(module)
+    with benchmark_script("serve") as module:
         yield module
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 def test_percentiles_interpolate_like_numpy(bench):
