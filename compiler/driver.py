@@ -65,7 +65,7 @@ def compile(model, example_inputs: tuple, out: str | Path = "model.dz",
     target = _backend(backend)
     out = Path(out)
     _check_destinations(out, force, dump_ir)  # before the minutes of export and passes
-    refined, specialized = RefineState(), None
+    refined, specialized, refinements = RefineState(), None, None
     with log.stage("export"):
         try:
             graph = export(model, example_inputs, dynamic_shapes=dynamic_shapes, refined=refined)
@@ -80,6 +80,8 @@ def compile(model, example_inputs: tuple, out: str | Path = "model.dz",
             if aliases:
                 log.line("  size symbols: " + ", ".join(f"{sym} ({name})"
                                                         for name, sym in aliases.items()))
+            if refined.refinements:
+                refinements = _log_refinements(graph, refined, aliases, log)
     if specialized is not None:
         from .static_sizes import compile_sizes
 
@@ -88,8 +90,8 @@ def compile(model, example_inputs: tuple, out: str | Path = "model.dz",
                              force=force, fallback=fallback, report=report,
                              backend_options=backend_options)
     manifest = dict(_bundle[1]) if _bundle is not None else {}
-    if refined.refinements:
-        manifest["export_refinements"] = _log_refinements(graph, refined, log)
+    if refinements is not None:
+        manifest["export_refinements"] = refinements
     files = {**files, **(_bundle[0] if _bundle is not None else {})}
     if checkpoint is None:
         return lower_and_write(graph, out, target, cfg, passes=passes, dump_ir=dump_ir,
@@ -109,12 +111,14 @@ def refined_shapes(dynamic_shapes: Any, refined: RefineState) -> Any:
     return refined.dynamic_shapes if refined.dynamic_shapes is not None else dynamic_shapes
 
 
-def _log_refinements(graph: Graph, refined: RefineState, log: StageLog) -> dict[str, Any]:
+def _log_refinements(graph: Graph, refined: RefineState, aliases: Mapping[str, str],
+                     log: StageLog) -> dict[str, Any]:
     """Tell the user which fixes were applied and the ranges compiled; the manifest entry."""
     ranges = {name: [lo, hi] for name, (lo, hi) in sorted(graph.symbols.items())}
     fixes = [r.fix for r in refined.refinements]
-    shown = ", ".join(f"{name} in [{lo}, {'inf' if hi is None else hi}]"
-                      for name, (lo, hi) in ranges.items()) or "none (all static)"
+    names = {sym: f" ({name})" for name, sym in aliases.items()}
+    shown = ", ".join(f"{sym}{names.get(sym, '')} in [{lo}, {'inf' if hi is None else hi}]"
+                      for sym, (lo, hi) in ranges.items()) or "none (all static)"
     log.line(f"  torch.export refused the dynamic shapes as given; applied its suggested fixes: "
              f"{'; '.join(fixes)}; compiled ranges: {shown}")
     return {"fixes": fixes, "ranges": ranges}

@@ -82,7 +82,33 @@ def refine(exc: Exception, dynamic_shapes: Any) -> tuple[Any, list[Refinement]] 
             "Suggested fixes:\n" + "\n".join(fixes), dynamic_shapes)
     except Exception:  # a fix torch's own parser cannot apply: report the original error
         return None
-    return refined, [Refinement(line.split(" = ", 1)[0].strip(), line) for line in fixes]
+    return (_within(dynamic_shapes, refined),
+            [Refinement(line.split(" = ", 1)[0].strip(), line) for line in fixes])
+
+
+def _within(original: Any, refined: Any) -> Any:
+    """`refined` with each range fix kept inside the user's own range: torch writes a fix as
+    `Dim('seq', max=24)`, which would drop the user's `min=1` (back to 0)."""
+    if isinstance(refined, dict) and isinstance(original, dict):
+        return {k: _within(original.get(k), v) for k, v in refined.items()}
+    if isinstance(refined, (list, tuple)) and isinstance(original, (list, tuple)) \
+            and len(refined) == len(original):
+        return type(refined)(_within(o, r) for o, r in zip(original, refined))
+    name = getattr(refined, "__name__", None)
+    if name is None or getattr(original, "__name__", None) != name \
+            or type(refined) is not type(original) or not hasattr(refined, "min"):
+        return refined
+    from torch.export import Dim
+
+    lo = max(_bound(original.min, 0), _bound(refined.min, 0))
+    hi = min(_bound(original.max, None), _bound(refined.max, None),
+             key=lambda x: float("inf") if x is None else x)
+    return Dim(name, min=lo, max=hi)
+
+
+def _bound(value: Any, default: int | None) -> int | None:
+    """A Dim's bound as an int (torch keeps an unbounded max as a huge sympy integer)."""
+    return int(value) if isinstance(value, int) and abs(value) < 2 ** 62 else default
 
 
 def static_dims(original: Any, refined: Any) -> dict[str, int]:
