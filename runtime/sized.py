@@ -47,6 +47,12 @@ class SizedModel:
     def __repr__(self) -> str:
         return f"SizedModel({str(self.path)!r}, {self.dim} in {self.sizes})"
 
+    def __getattr__(self, name: str) -> Any:
+        """Anything else (backend, artifact, describe) is the top size's model's."""
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._top, name)
+
     def __call__(self, *inputs: Any) -> tuple[np.ndarray, ...]:
         return self.model_for(self._size_of(inputs))(*inputs)
 
