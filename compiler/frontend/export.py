@@ -116,8 +116,8 @@ def _specialized(model: torch.nn.Module, exc: Exception, static: dict[str, int],
     return SpecializedDims(
         f"{error.what}\nthe model fixes {names} to a constant: it has no graph that is dynamic "
         "in " + ", ".join(static), error.where,
-        "compile it at a few static sizes (compiler.compile(..., static_sizes=[...]) or let "
-        "the driver pick them), or make those dims static in dynamic_shapes",
+        "make those dims static in dynamic_shapes; a forward model with one such dim is "
+        "compiled at a few static sizes by compiler.compile (static_sizes=[...] picks them)",
         static, dynamic_shapes, list(state.refinements))
 
 

@@ -142,3 +142,13 @@ class _Top:
 def test_a_static_sizes_section_pointing_outside_the_artifact_is_refused(tmp_path, entry):
     with pytest.raises(ArtifactError, match="static_sizes"):
         SizedModel(_Top(entry, tmp_path), "full", None, None)
+
+
+@pytest.mark.parametrize("value", ["a,b", "0,4", ""])
+def test_static_sizes_option_takes_positive_sizes(tmp_path, capsys, value):
+    from compiler.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["compile", "x.py:build", "-o", str(tmp_path / "m.dz"), "--static-sizes", value])
+    assert info.value.code == 2
+    assert "is not a list of sizes; write e.g. 4,8,16" in capsys.readouterr().err
