@@ -16,7 +16,7 @@ from compiler.ir import Graph
 from .decompositions import decompose
 from .locations import parse_stack
 from .program import program_to_graph
-from .refine import MAX_ROUNDS, RefineState, SpecializedDims, refine, static_dims
+from .refine import MAX_ROUNDS, RefineState, SpecializedDims, fix_lines, refine, static_dims
 from .runtime_checks import drop_data_checks
 
 # Phrases in torch.export's messages -> what the user can do about them.
@@ -140,12 +140,5 @@ def _export_error(what: str, model: torch.nn.Module, exc: Exception) -> DayzeroE
 
 def _suggested_fixes(lines: list[str], limit: int = 12) -> list[str]:
     """torch's 'Suggested fixes:' block (up to its first blank line): the exact remedy."""
-    for i, line in enumerate(lines):
-        if line.strip().startswith("Suggested fixes"):
-            block = [line.strip()]
-            for follow in lines[i + 1:i + limit]:
-                if not follow.strip():
-                    break
-                block.append("  " + follow.strip())
-            return ["  " + x for x in block]
-    return []
+    fixes = fix_lines("\n".join(lines))[:limit - 1]
+    return ["  Suggested fixes:", *(f"    {line}" for line in fixes)] if fixes else []
