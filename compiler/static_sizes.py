@@ -15,7 +15,6 @@ only exact sizes run, and any other size is refused with the list of compiled on
 
 from __future__ import annotations
 
-import inspect
 import math
 import tempfile
 from collections.abc import Callable, Sequence
@@ -25,26 +24,12 @@ from typing import Any
 import torch
 
 from .errors import DayzeroError
-from .frontend.refine import SpecializedDims
+from .frontend.refine import SpecializedDims, axes_of
 from .log import StageLog
 
 # Sizes picked when the caller gives none: the example's and its nearest powers of two.
 DEFAULT_COUNT = 4
 SIZES_DIR = "sizes"
-
-
-def axes_of(model: torch.nn.Module, dynamic_shapes: Any, dim: str) -> list[tuple[int, int]]:
-    """(input position, axis) of every tensor axis that `dynamic_shapes` gives the Dim `dim`."""
-    if isinstance(dynamic_shapes, dict):
-        names = list(inspect.signature(model.forward).parameters)
-        per_input = [(names.index(k), v) for k, v in dynamic_shapes.items() if k in names]
-    else:
-        per_input = list(enumerate(dynamic_shapes))
-    found = []
-    for position, spec in per_input:
-        items = spec.items() if isinstance(spec, dict) else enumerate(spec or ())
-        found += [(position, axis) for axis, d in items if getattr(d, "__name__", None) == dim]
-    return found
 
 
 def dim_range(dynamic_shapes: Any, dim: str) -> tuple[int, int | None]:
@@ -142,8 +127,8 @@ def compile_sizes(compile_fn: Callable[..., Path], model: torch.nn.Module, examp
     chosen = sorted({*chosen, example})
     axes = axes_of(model, dynamic_shapes, dim)
     static = without_dim(dynamic_shapes, dim)
-    log.line(f"  torch.export fixes {dim} to a constant ({example}): the model has no graph "
-             f"dynamic in {dim}; compiling static sizes {dim} = {', '.join(map(str, chosen))}")
+    log.line(f"  torch.export finds no graph dynamic in {dim} (the example has {dim} = "
+             f"{example}); compiling static sizes {dim} = {', '.join(map(str, chosen))}")
     files: dict[str, bytes] = {}
     report = options.pop("report", None)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.sizes-") as tmp:
@@ -152,8 +137,8 @@ def compile_sizes(compile_fn: Callable[..., Path], model: torch.nn.Module, examp
                 path = compile_fn(model, resized(example_inputs, axes, n), Path(tmp) / str(n),
                                   dynamic_shapes=static, log=log, _bundle=({}, {}), **options)
                 files.update(artifact_files(path, variant_dir(dim, n)))
-    reason = (f"torch.export fixes {dim} to a constant (its suggested fix: {dim} = {example}); "
-              "padding is not proven safe, so only these exact sizes run")
+    reason = (f"torch.export finds no graph dynamic in {dim}; padding is not proven safe, so "
+              "only these exact sizes run")
     entry = {"static_sizes": section(dim, axes, chosen, example, reason)}
     return compile_fn(model, example_inputs, out, dynamic_shapes=static, log=log,
                       report=report, _bundle=(files, entry), **options)

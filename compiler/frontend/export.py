@@ -16,7 +16,15 @@ from compiler.ir import Graph
 from .decompositions import decompose
 from .locations import parse_stack
 from .program import program_to_graph
-from .refine import MAX_ROUNDS, RefineState, SpecializedDims, fix_lines, refine, static_dims
+from .refine import (
+    MAX_ROUNDS,
+    RefineState,
+    SpecializedDims,
+    constrained_dims,
+    fix_lines,
+    refine,
+    static_dims,
+)
 from .runtime_checks import drop_data_checks
 
 # Phrases in torch.export's messages -> what the user can do about them.
@@ -97,6 +105,10 @@ def _trace(model: torch.nn.Module, args: tuple, dynamic_shapes,
             except Exception as exc:  # torch.export raises many unrelated exception types
                 found = refine(exc, dynamic_shapes) if attempt < MAX_ROUNDS else None
                 if found is None:
+                    unfixable = constrained_dims(exc, model, args, dynamic_shapes)
+                    if unfixable:
+                        raise _specialized(model, exc, unfixable, dynamic_shapes,
+                                           state) from exc
                     raise _export_error("torch.export could not trace", model, exc) from exc
                 dynamic_shapes, fixes = found
                 state.refinements.extend(fixes)
@@ -111,11 +123,11 @@ def _trace(model: torch.nn.Module, args: tuple, dynamic_shapes,
 
 def _specialized(model: torch.nn.Module, exc: Exception, static: dict[str, int],
                  dynamic_shapes, state: RefineState) -> SpecializedDims:
-    names = ", ".join(f"{name} (to {size})" for name, size in static.items())
+    names = ", ".join(static)
     error = _export_error("torch.export could not trace", model, exc)
     return SpecializedDims(
-        f"{error.what}\nthe model fixes {names} to a constant: it has no graph that is dynamic "
-        "in " + ", ".join(static), error.where,
+        f"{error.what}\ntorch.export finds no graph that is dynamic in {names} (it fixes "
+        "them to the example's sizes or states no fix for its guards)", error.where,
         "make those dims static in dynamic_shapes; a forward model with one such dim is "
         "compiled at a few static sizes by compiler.compile (static_sizes=[...] picks them)",
         static, dynamic_shapes, list(state.refinements))

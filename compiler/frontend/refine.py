@@ -12,8 +12,12 @@ static sizes instead (compiler/static_sizes.py).
 
 from __future__ import annotations
 
+import inspect
+import re
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 from compiler.errors import DayzeroError
 
@@ -128,6 +132,37 @@ def _leaves(spec: Any) -> list[Any]:
     if isinstance(spec, (list, tuple)):
         return [x for item in spec for x in _leaves(item)]
     return [spec]
+
+
+def axes_of(model: torch.nn.Module, dynamic_shapes: Any, dim: str) -> list[tuple[int, int]]:
+    """(input position, axis) of every tensor axis that `dynamic_shapes` gives the Dim `dim`."""
+    if isinstance(dynamic_shapes, dict):
+        names = list(inspect.signature(model.forward).parameters)
+        per_input = [(names.index(k), v) for k, v in dynamic_shapes.items() if k in names]
+    else:
+        per_input = list(enumerate(dynamic_shapes))
+    found = []
+    for position, spec in per_input:
+        items = spec.items() if isinstance(spec, dict) else enumerate(spec or ())
+        found += [(position, axis) for axis, d in items if getattr(d, "__name__", None) == dim]
+    return found
+
+
+def constrained_dims(exc: Exception, model, args: tuple, dynamic_shapes: Any) -> dict[str, int]:
+    """{Dim name: example size} of the dims a constraint violation names ("Constraints violated
+    (seq)!") when torch suggests no fix for them: the guards it found (`seq % 8 == 0` inside a
+    chunked scan) have no dynamic form torch can state, so like a constant they get static sizes."""
+    text = str(exc)
+    head = re.search(r"Constraints violated \(([^)]*)\)", text)
+    if dynamic_shapes is None or head is None or fix_lines(text):
+        return {}
+    found = {}
+    for name in (n.strip() for n in head.group(1).split(",")):
+        sizes = {int(args[p].shape[a]) for p, a in axes_of(model, dynamic_shapes, name)
+                 if p < len(args) and hasattr(args[p], "shape") and a < len(args[p].shape)}
+        if len(sizes) == 1:
+            found[name] = sizes.pop()
+    return found
 
 
 def describe(refinements: list[Refinement]) -> str:

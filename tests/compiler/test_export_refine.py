@@ -100,7 +100,7 @@ def test_mamba_compiles_at_static_sizes_and_runs_the_one_that_fits(tmp_path):
     ids = torch.randint(0, 64, (1, 8))
     path, log = _compile(model, (ids,), ({1: Dim("seq", min=2, max=64)},),
                          tmp_path / "mamba.dz", static_sizes=[4])
-    assert ("torch.export fixes seq to a constant (8): the model has no graph dynamic in seq; "
+    assert ("torch.export finds no graph dynamic in seq (the example has seq = 8); "
             "compiling static sizes seq = 4, 8") in log
     m = runtime.load(path)
     assert isinstance(m, SizedModel) and m.sizes == [4, 8]
@@ -152,3 +152,19 @@ def test_static_sizes_option_takes_positive_sizes(tmp_path, capsys, value):
         main(["compile", "x.py:build", "-o", str(tmp_path / "m.dz"), "--static-sizes", value])
     assert info.value.code == 2
     assert "is not a list of sizes; write e.g. 4,8,16" in capsys.readouterr().err
+
+
+def test_a_violation_without_fixes_names_its_dims_at_the_example_sizes():
+    """Mamba2's chunked scan: torch lists guards such as `seq % 8 == 0` but states no fix; the
+    dims it names are compiled like constants, at the example's size."""
+    from compiler.frontend.refine import constrained_dims
+
+    message = ("Constraints violated (seq)! For more information, run with TORCH_LOGS=...\n"
+               "  - Not all values of seq = L['ids'].size()[1] in the specified range seq <= 64 "
+               "satisfy the generated guard ((L['ids'].size()[1]) % 8) == 0.\n")
+    shapes = ({1: Dim("seq", min=2, max=64)},)
+    ids = torch.zeros(1, 12, dtype=torch.long)
+    assert constrained_dims(Exception(message), PairRows(), (ids,), shapes) == {"seq": 12}
+    with_fix = message + "Suggested fixes:\n  seq = 12\n"
+    assert constrained_dims(Exception(with_fix), PairRows(), (ids,), shapes) == {}
+    assert constrained_dims(Exception("data-dependent"), PairRows(), (ids,), shapes) == {}
