@@ -169,6 +169,8 @@ def load(path: str | Path, verify: str = "full", *,
     collectives and ignores it.
     A generation artifact gives a `runtime.generation.GenerationModel` (`generate`, `stream`,
     `generate_text`); `kv_cache_memory` (bytes or "2GiB") overrides its compiled cache size.
+    An artifact compiled at several static sizes of one dim (the manifest's `static_sizes`)
+    gives a `runtime.sized.SizedModel`, which runs the size the inputs have.
     """
     from .distributed import load_partitioned, partitioned_world
 
@@ -179,6 +181,11 @@ def load(path: str | Path, verify: str = "full", *,
                                "compile with backend_options session settings instead")
         return load_partitioned(path, verify=verify, timeout=timeout)
     model = CompiledModel(open_artifact(path, verify=verify), session=session)
+    if model.manifest.get("static_sizes") is not None:
+        from .sized import SizedModel
+
+        return SizedModel(model, verify, session,
+                          lambda artifact, ses: CompiledModel(artifact, session=ses))
     if model.manifest.get("generation") is None:
         return model
     from .generation.model import GenerationModel
