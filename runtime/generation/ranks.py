@@ -138,9 +138,8 @@ class RankGroup:
             except RankFailure:
                 failed = True
         self._kill(grace=0.0 if failed else STOP_SECONDS)
-        if failed:
+        if failed:  # the group is left as it is: leaving it would wait for the dead
             self.rank_model.comm.watchdog.stop()
-            _leave_group()
 
     def _kill(self, grace: float = 0.0) -> None:
         for proc in self.procs.values():
@@ -160,16 +159,6 @@ def _ended(code: int) -> str:
         except ValueError:
             return f"was killed by signal {-code}"
     return f"exited with code {code} (its error is printed above)"
-
-
-def _leave_group() -> None:
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        try:
-            dist.destroy_process_group()
-        except Exception:  # peers are gone; nothing is left to tell them
-            pass
 
 
 class _RankStepRunner(StepRunner):
