@@ -19,7 +19,14 @@ from passes.parallel.kv_cache_shards import keep_cache_local
 from passes.parallel.partition import partition
 from tests.passes.parallel_util import run_ranks
 
-STEP = """graph step {
+
+def _text(int8: bool) -> str:
+    """One attention block of a step (4 heads, 2 KV heads of 8), its cache f32 or int8."""
+    cache = "i8" if int8 else "f32"
+    scales = ("  input %k_scale_0: f32[kv_slots, 2]\n  input %v_scale_0: f32[kv_slots, 2]\n"
+              if int8 else "")
+    scale_args = ", %k_scale_0, %v_scale_0" if int8 else ""
+    return f"""graph step {{
   symbol s0 in [1, 64]
   symbol kv_slots in [1, 1024]
   symbol step_seqs in [1, 64]
@@ -28,59 +35,65 @@ STEP = """graph step {
   input %seq_slots: i64[step_seqs, step_keys]
   input %token_seq: i64[s0]
   input %token_len: i64[s0]
-  input %k_cache_0: f32[kv_slots, 2, 8]
-  input %v_cache_0: f32[kv_slots, 2, 8]
-  weight @wq: f32[32, 32]
+  input %k_cache_0: {cache}[kv_slots, 2, 8]
+  input %v_cache_0: {cache}[kv_slots, 2, 8]
+{scales}  weight @wq: f32[32, 32]
   weight @wk: f32[16, 32]
   weight @wv: f32[16, 32]
   weight @wo: f32[32, 32]
   %q: f32[1, s0, 32] = linear(%x, @wq, _)
   %k: f32[1, s0, 16] = linear(%x, @wk, _)
   %v: f32[1, s0, 16] = linear(%x, @wv, _)
-  %a: f32[1, s0, 32], %key_0: f32[s0, 2, 8], %value_0: f32[s0, 2, 8] = paged_attention(%q, %k, \
-%v, _, _, %k_cache_0, %v_cache_0, %seq_slots, %token_seq, %token_len) {num_heads=4, \
-kv_num_heads=2, scale=0.35, window=none, softcap=none}
+  %a: f32[1, s0, 32], %key_0: f32[s0, 2, 8], %value_0: f32[s0, 2, 8] = paged_attention(\
+%q, %k, %v, _, _, %k_cache_0, %v_cache_0, %seq_slots, %token_seq, %token_len{scale_args}) \
+{{num_heads=4, kv_num_heads=2, scale=0.35, window=none, softcap=none}}
   %o: f32[1, s0, 32] = linear(%a, @wo, _)
   %y: f32[1, s0, 32] = add(%x, %o)
   return %y, %key_0, %value_0
-}
+}}
 """
 
 
-def _step():
-    graph = parse_ir(STEP.replace("\\\n", ""))
+def _step(int8: bool = False):
+    graph = parse_ir(_text(int8))
     gen = torch.Generator().manual_seed(0)
     graph.weight_data = {name: torch.randn(*[int(d) for d in w.type.shape], generator=gen)
                          for name, w in graph.weights.items()}
     return graph
 
 
-def test_each_rank_attends_with_its_heads_over_its_share_of_the_pool():
-    whole = _step()
-    plan = partition(_step(), Mesh(tp=2))
+@pytest.mark.parametrize("int8", [False, True], ids=["f32", "int8"])
+def test_each_rank_attends_with_its_heads_over_its_share_of_the_pool(int8):
+    whole = _step(int8)
+    plan = partition(_step(int8), Mesh(tp=2))
     keep_cache_local(plan)
     text = print_ir(plan.ranks[1].graph)
-    assert "input %k_cache_0: f32[kv_slots, 1, 8]" in text
-    assert "input %v_cache_0: f32[kv_slots, 1, 8]" in text
+    cache = "i8" if int8 else "f32"
+    assert f"input %k_cache_0: {cache}[kv_slots, 1, 8]" in text
+    assert f"input %v_cache_0: {cache}[kv_slots, 1, 8]" in text
+    assert ("input %v_scale_0: f32[kv_slots, 1]" in text) == int8
     assert "num_heads=2, kv_num_heads=1" in text
     assert "slice(" not in text and "all_gather(" not in text
     assert text.count("all_reduce(") == 1  # the row-parallel output projection
     assert [v.type.shape[1] for v in plan.ranks[1].graph.outputs[1:]] == [1, 1]
 
     gen = torch.Generator().manual_seed(1)
-    pool_k, pool_v = (torch.randn(6, 2, 8, generator=gen) for _ in range(2))
+    if int8:
+        pools = [torch.randint(-127, 128, (6, 2, 8), generator=gen, dtype=torch.int8)
+                 for _ in range(2)]
+        pools += [torch.rand(6, 2, generator=gen) / 50 for _ in range(2)]
+    else:
+        pools = [torch.randn(6, 2, 8, generator=gen) for _ in range(2)]
     x = torch.randn(1, 3, 32, generator=gen)
     # one sequence: keys 0, 1 in pool slots 4 and 2, then this step's three tokens
     slots = torch.tensor([[4, 2, -2, -3, -4]])
     seq, length = torch.zeros(3, dtype=torch.long), torch.tensor([3, 4, 5])
-    want = run_graph(whole, whole.weight_data, [x, slots, seq, length, pool_k, pool_v])
+    want = run_graph(whole, whole.weight_data, [x, slots, seq, length, *pools])
 
     def rank(r):
         graph = plan.ranks[r].graph
-        shard = slice(r, r + 1)
-        return run_graph(graph, graph.weight_data, [x, slots, seq, length,
-                                                    pool_k[:, shard].contiguous(),
-                                                    pool_v[:, shard].contiguous()])
+        shards = [p[:, r:r + 1].contiguous() for p in pools]  # this rank's KV head
+        return run_graph(graph, graph.weight_data, [x, slots, seq, length, *shards])
 
     got = run_ranks(2, rank)
     for r in range(2):
