@@ -33,13 +33,13 @@ def tp_artifact(artifact, tmp_path_factory) -> Path:
     return out
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def tp_model(tp_artifact):
     import runtime
 
     model = runtime.load(tp_artifact, kv_cache_memory=KV_CACHE)
     yield model
-    model.close()
+    model.close()  # one tensor-parallel model per process at a time
 
 
 def test_greedy_tokens_match_one_process_and_transformers(tp_model, reference, artifact):
@@ -62,6 +62,18 @@ def test_greedy_tokens_match_one_process_and_transformers(tp_model, reference, a
     assert tp_model.runner.layout.kv_heads == 1
     assert tp_model.runner.allocator.num_blocks == reference.runner.allocator.num_blocks
     assert tp_model.runner.allocator.used == 0
+
+
+def test_dayzero_generate_drives_the_ranks(tp_artifact, reference, capsys):
+    from compiler.cli import main
+
+    ids = reference.tokenizer.encode(PROMPT)
+    out = reference.generate([ids], max_new_tokens=8)
+    assert main(["generate", str(tp_artifact), "--prompt", PROMPT, "--max-new-tokens", "8",
+                 "--kv-cache-memory", KV_CACHE]) == 0
+    printed = capsys.readouterr()
+    assert printed.out.strip() == reference.tokenizer.decode(out[0, len(ids):].tolist())
+    assert "over 2 ranks" in printed.err
 
 
 def test_serve_nproc_2_answers_then_a_dead_rank_ends_it(tp_artifact, reference, tmp_path):
