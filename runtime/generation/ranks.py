@@ -37,6 +37,7 @@ from .step import StepPart
 
 WATCH_SECONDS = 0.1  # how often the worker processes are checked
 STOP_SECONDS = 10.0  # how long workers get to leave after a stop before they are killed
+JOIN_GRACE_SECONDS = 5.0  # how long rank 0's join may take to fail after a rank died
 
 
 class RankGroup:
@@ -58,11 +59,39 @@ class RankGroup:
                       for rank in range(1, world)}
         threading.Thread(target=self._watch, name="dayzero-ranks", daemon=True).start()
         try:
-            self.rank_model = RankModel(path, verify=verify, timeout=timeout, env=env)
+            self.rank_model = self._join(path, verify, timeout, env)
         except BaseException:
             self._kill()
             raise
         self.channel = StepChannel(self.rank_model.comm)
+
+    def _join(self, path: Path, verify: str, timeout: float, env: Rendezvous) -> RankModel:
+        """Join the others and load rank 0's program, on a helper thread: joining waits for
+        every rank inside torch.distributed, which nothing interrupts, so a rank that dies
+        before it joins is reported from here at once, not after the join's timeout."""
+        box: dict[str, Any] = {}
+
+        def join() -> None:
+            try:
+                box["model"] = RankModel(path, verify=verify, timeout=timeout, env=env)
+            except BaseException as exc:  # re-raised on the caller's thread
+                box["error"] = exc
+
+        thread = threading.Thread(target=join, name="dayzero-join", daemon=True)
+        thread.start()
+        while thread.is_alive():
+            thread.join(WATCH_SECONDS)
+            if thread.is_alive() and self.failure is not None:
+                # a rank that joined and then failed fails rank 0's join too, with its reason
+                thread.join(JOIN_GRACE_SECONDS)
+            if thread.is_alive() and self.failure is not None:
+                raise RankFailure(f"{self.failure} while the {self.world} ranks were starting",
+                                  str(path), "fix what that rank printed above and load again",
+                                  [])
+        if "error" in box:
+            _leave_group()  # the join ended: leaving does not wait for anyone
+            raise box["error"]
+        return box["model"]
 
     @staticmethod
     def _start(rank: int, env: Rendezvous, path: Path, timeout: float, verify: str,
@@ -159,6 +188,13 @@ def _ended(code: int) -> str:
         except ValueError:
             return f"was killed by signal {-code}"
     return f"exited with code {code} (its error is printed above)"
+
+
+def _leave_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 class _RankStepRunner(StepRunner):

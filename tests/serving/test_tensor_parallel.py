@@ -105,6 +105,25 @@ def test_serve_nproc_2_answers_then_a_dead_rank_ends_it(tp_artifact, reference, 
             server.process.wait()
 
 
+def test_a_rank_that_fails_to_load_is_named(tp_artifact, tmp_path):
+    import shutil
+
+    import runtime
+    from compiler.errors import DayzeroError
+
+    broken = tmp_path / "broken.dz"
+    shutil.copytree(tp_artifact, broken)
+    shard = next((broken / "weights" / "rank-1").glob("*.safetensors"))
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF  # same size: only rank 1, which hashes its own shards, can tell
+    shard.write_bytes(bytes(data))
+    with pytest.raises(DayzeroError, match=r"rank 1 failed: file weights/rank-1/\S+ does not "
+                                           "match its sha256"):
+        runtime.load(broken)
+    model = runtime.load(tp_artifact, kv_cache_memory=KV_CACHE)  # the group was left
+    model.close()
+
+
 def test_nproc_must_match_the_artifact(tp_artifact, artifact, capsys):
     from compiler.cli import main
 
