@@ -61,6 +61,7 @@ class RankGroup:
         try:
             self.rank_model = self._join(path, verify, timeout, env)
         except BaseException:
+            self._closing.set()
             self._kill()
             raise
         self.channel = StepChannel(self.rank_model.comm)
@@ -218,6 +219,8 @@ class TensorParallelGenerationModel(GenerationModel):
         super().__init__(RankStep(group.rank_model), kv_cache_memory=kv_cache_memory)
         self.group = group
         self.ranks = group.world
+        # checked here, before a step: the other ranks allocate their pools from it at start
+        self._rank_spec = rank_spec(self.spec, self.ranks, kv_cache_memory)
         atexit.register(self.close)
 
     def __repr__(self) -> str:
@@ -226,8 +229,7 @@ class TensorParallelGenerationModel(GenerationModel):
     @property
     def runner(self) -> StepRunner:
         if self._runner is None:
-            spec = rank_spec(self.spec, self.ranks, self._kv_cache_memory)
-            self._runner = _RankStepRunner(self.group, self.step_model, spec)
+            self._runner = _RankStepRunner(self.group, self.step_model, self._rank_spec)
         return self._runner
 
     def _all_logits(self, part: StepPart) -> np.ndarray:
@@ -257,7 +259,10 @@ def load_tensor_parallel(path: str | Path, manifest: dict[str, Any], verify: str
                            "not run under torchrun", str(path),
                            "call runtime.load (or dayzero generate / dayzero serve --nproc N) "
                            "in one plain process")
-    world = world_size(manifest)
-    return TensorParallelGenerationModel(
-        RankGroup(Path(path), world, timeout or DEFAULT_TIMEOUT, verify, kv_cache_memory),
-        kv_cache_memory)
+    group = RankGroup(Path(path), world_size(manifest), timeout or DEFAULT_TIMEOUT, verify,
+                      kv_cache_memory)
+    try:
+        return TensorParallelGenerationModel(group, kv_cache_memory)
+    except BaseException:
+        group.close()
+        raise
