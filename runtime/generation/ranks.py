@@ -147,11 +147,17 @@ class RankGroup:
             raise
 
     def guard(self, call: Callable[[], Any]) -> Any:
-        """Run this rank's share of a step; a collective that fails is the group's failure."""
+        """Run this rank's share of a step the others were sent. Any failure is the group's:
+        the others may be waiting in a collective of this step, so no later step may run."""
         try:
             return call()
         except RankFailure as exc:
             self.fail(exc.what)
+            raise
+        except BaseException as exc:
+            what = exc.message() if isinstance(exc, DayzeroError) else \
+                f"{type(exc).__name__}: {exc}"
+            self.fail(f"rank 0 failed in a step: {what}")
             raise
 
     # -- ending -------------------------------------------------------------------------------
