@@ -108,6 +108,8 @@ def test_serve_nproc_2_answers_then_a_dead_rank_ends_it(tp_artifact, reference, 
 def test_a_rank_that_fails_to_load_is_named(tp_artifact, tmp_path):
     import shutil
 
+    import torch.distributed
+
     import runtime
     from compiler.errors import DayzeroError
 
@@ -120,8 +122,7 @@ def test_a_rank_that_fails_to_load_is_named(tp_artifact, tmp_path):
     with pytest.raises(DayzeroError, match=r"rank 1 failed: file weights/rank-1/\S+ does not "
                                            "match its sha256"):
         runtime.load(broken)
-    model = runtime.load(tp_artifact, kv_cache_memory=KV_CACHE)  # the group was left
-    model.close()
+    assert not torch.distributed.is_initialized()  # the group was left: a new load may join
 
 
 def test_nproc_must_match_the_artifact(tp_artifact, artifact, capsys):
