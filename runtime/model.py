@@ -58,6 +58,16 @@ class CompiledModel:
 
     def __call__(self, *inputs: Any) -> tuple[np.ndarray, ...]:
         arrays, values = prepare_inputs(self.input_specs, inputs, self.index_ranges)
+        return self._run(arrays, values)
+
+    def with_fixed_inputs(self, fixed: Mapping[str, Any]) -> FixedInputsModel:
+        """This model with the inputs named in `fixed` bound once: they are validated now, and
+        each call passes (by name) and validates only the others. For inputs passed unchanged
+        call after call, such as a generation step's KV-cache pools: their arrays may change
+        in place, never in shape or dtype."""
+        return FixedInputsModel(self, fixed)
+
+    def _run(self, arrays: list[np.ndarray], values: dict[str, int]) -> tuple[np.ndarray, ...]:
         outputs = tuple(to_numpy(y) for y in self._executable(arrays))
         self._check_outputs(outputs)
         check_output_shapes(self.output_specs, outputs, values, f"backend {self.backend.name}")
@@ -81,6 +91,37 @@ class CompiledModel:
             if out.dtype != dtype:
                 raise RuntimeError(f"backend {self.backend.name} returned {out.dtype} for output "
                                    f"'{spec.name}', which is {spec.dtype}")
+
+
+class FixedInputsModel:
+    """`CompiledModel.with_fixed_inputs`: some inputs validated once, the rest per call."""
+
+    def __init__(self, model: CompiledModel, fixed: Mapping[str, Any]):
+        names = [spec.name for spec in model.input_specs]
+        unknown = sorted(set(fixed) - set(names))
+        if unknown:
+            raise InputError(f"the model has no input(s) {', '.join(unknown)}", "fixed inputs",
+                             f"its inputs are {', '.join(names)}")
+        self.model = model
+        fixed_specs = [s for s in model.input_specs if s.name in fixed]
+        arrays, self._known = prepare_inputs(fixed_specs, [fixed[s.name] for s in fixed_specs],
+                                             model.index_ranges)
+        self._fixed = {spec.name: array for spec, array in zip(fixed_specs, arrays)}
+        self.free_specs = [s for s in model.input_specs if s.name not in fixed]
+
+    def __call__(self, **inputs: Any) -> tuple[np.ndarray, ...]:
+        missing = [s.name for s in self.free_specs if s.name not in inputs]
+        extra = sorted(set(inputs) - {s.name for s in self.free_specs})
+        if missing or extra:
+            raise InputError(f"missing input(s) {missing}, unexpected {extra}", "model inputs",
+                             f"pass exactly {', '.join(s.name for s in self.free_specs)}")
+        arrays, values = prepare_inputs(self.free_specs, [inputs[s.name] for s in
+                                                          self.free_specs],
+                                        self.model.index_ranges, self._known)
+        given = dict(zip((s.name for s in self.free_specs), arrays))
+        ordered = [given[s.name] if s.name in given else self._fixed[s.name]
+                   for s in self.model.input_specs]
+        return self.model._run(ordered, values)
 
 
 class _CheckedView:

@@ -23,13 +23,15 @@ from .to_numpy import to_numpy
 
 
 def prepare_inputs(specs: Sequence[TensorSpec], inputs: Sequence[Any],
-                   index_ranges: Mapping[str, IndexRange] | None = None
+                   index_ranges: Mapping[str, IndexRange] | None = None,
+                   known: Mapping[str, int] | None = None
                    ) -> tuple[list[np.ndarray], dict[str, int]]:
     """The inputs (numpy arrays or torch tensors) as C-ordered native-byte-order numpy arrays,
-    validated; returns them and the symbol values."""
+    validated; returns them and the symbol values (`known`: those other inputs, validated
+    earlier, already bound)."""
     # not np.ascontiguousarray: it turns a 0-d input into shape [1]
     arrays = [native_byte_order(np.asarray(to_numpy(x), order="C")) for x in inputs]
-    return arrays, validate_inputs(specs, arrays, index_ranges)
+    return arrays, validate_inputs(specs, arrays, index_ranges, known)
 
 
 def native_byte_order(array: np.ndarray) -> np.ndarray:
@@ -41,15 +43,19 @@ def native_byte_order(array: np.ndarray) -> np.ndarray:
 
 
 def validate_inputs(specs: Sequence[TensorSpec], arrays: Sequence[np.ndarray],
-                    index_ranges: Mapping[str, IndexRange] | None = None) -> dict[str, int]:
+                    index_ranges: Mapping[str, IndexRange] | None = None,
+                    known: Mapping[str, int] | None = None) -> dict[str, int]:
     """Raise InputError at the first input that breaks its spec; returns the symbol values.
 
-    `index_ranges` gives the inputs that index a weight table the values they may hold."""
+    `index_ranges` gives the inputs that index a weight table the values they may hold;
+    `known` the symbol values of inputs validated before (`CompiledModel.with_fixed_inputs`)."""
     if len(arrays) != len(specs):
         names = ", ".join(s.name for s in specs)
         raise InputError(f"the model takes {len(specs)} input(s) ({names}), got {len(arrays)}",
                          "model inputs", f"pass exactly: {'; '.join(str(s) for s in specs)}")
-    bound: dict[str, tuple[int, str]] = {}  # symbol -> (value, which dim set it)
+    # symbol -> (value, which dim set it)
+    bound: dict[str, tuple[int, str]] = {name: (value, "the fixed inputs")
+                                         for name, value in (known or {}).items()}
     for spec, array in zip(specs, arrays):
         _check_dtype(spec, array)
         _check_rank(spec, array)

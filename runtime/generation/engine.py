@@ -49,6 +49,8 @@ class StepRunner:
         if missing:
             raise ArtifactError(f"the step graph takes unknown inputs {missing}", "inputs",
                                 "the artifact is corrupted; recompile it")
+        # the pools are checked once here; a step validates only its index inputs
+        self._step = model.with_fixed_inputs(self._pools)
 
     @property
     def cache_bytes(self) -> int:
@@ -57,8 +59,7 @@ class StepRunner:
     def run(self, parts: Sequence[StepPart]) -> tuple[np.ndarray, list[int]]:
         """Run one step; returns the logits rows [n, vocab] and, per row, its part's index."""
         step = build_step(parts, self.spec.block_size)
-        feeds = {**step.feeds, **self._pools}
-        outputs = self.model(*[feeds[name] for name in self._names])
+        outputs = self.call(step.feeds)
         # outputs by position (a backend's lowering may rename them): logits, then each
         # layer's new keys and values
         for layer in range(len(self.spec.layers)):
@@ -66,6 +67,12 @@ class StepRunner:
                              outputs[2 + 2 * layer])
         logits = outputs[0]
         return logits.reshape(-1, logits.shape[-1]), step.logit_parts
+
+
+    def call(self, feeds: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
+        """The step graph's outputs for these index inputs (`build_step`'s feeds; those the
+        graph does not take are left out) over the pools."""
+        return self._step(**{s.name: feeds[s.name] for s in self._step.free_specs})
 
 
 _STEP_INPUTS = frozenset({"input_ids", "positions", "seq_slots", "token_seq", "token_len",

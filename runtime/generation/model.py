@@ -106,9 +106,7 @@ class GenerationModel:
         step = build_step([part], self.spec.block_size)
         n = len(part.tokens)
         step.feeds["logit_indices"] = np.arange(n, dtype=np.int64)
-        feeds = {**step.feeds, **self.runner._pools}
-        outputs = self.step_model(*[feeds[s.name] for s in self.step_model.input_specs])
-        return outputs[0].reshape(n, -1)
+        return self.runner.call(step.feeds)[0].reshape(n, -1)
 
     # -- generation ---------------------------------------------------------------------------
     def generate(self, input_ids: Any, max_new_tokens: int = 20, do_sample: bool = False,
