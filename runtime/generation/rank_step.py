@@ -17,7 +17,7 @@ import argparse
 import dataclasses
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from compiler.errors import DayzeroError
 from ..comm import DEFAULT_TIMEOUT, TorchCommunicator
 from ..distributed import RankModel, _die_with_parent, _fail
 from ..kv_cache import CacheLayout
+from ..model import FixedInputsModel
 from ..specs import TensorSpec, symbol_ranges
 from ..validate import prepare_inputs
 from .engine import StepRunner
@@ -69,9 +70,16 @@ class RankStep:
         return self.comm.env.rank
 
     def __call__(self, *inputs: Any) -> tuple[np.ndarray, ...]:
+        arrays, bindings = prepare_inputs(self.input_specs, inputs, self.index_ranges)
+        return self._run(arrays, bindings)
+
+    def with_fixed_inputs(self, fixed: Mapping[str, Any]) -> FixedInputsModel:
+        """As `CompiledModel.with_fixed_inputs`: this rank's pools validated once."""
+        return FixedInputsModel(self, fixed)
+
+    def _run(self, arrays: list[np.ndarray], bindings: dict[str, int]) -> tuple[np.ndarray, ...]:
         from compiler.ir.ops.collective import bind_communicator
 
-        arrays, bindings = prepare_inputs(self.input_specs, inputs, self.index_ranges)
         try:
             with bind_communicator(self.comm):
                 return tuple(self.rank_model.program(arrays, bindings))
@@ -159,9 +167,7 @@ def forward_logits(runner: StepRunner, part: StepPart) -> np.ndarray:
     GenerationModel computes them: one step whose logit rows are all of its tokens."""
     step = build_step([part], runner.spec.block_size)
     step.feeds["logit_indices"] = np.arange(len(part.tokens), dtype=np.int64)
-    feeds = {**step.feeds, **runner._pools}
-    outputs = runner.model(*[feeds[s.name] for s in runner.model.input_specs])
-    return outputs[0].reshape(len(part.tokens), -1)
+    return runner.call(step.feeds)[0].reshape(len(part.tokens), -1)
 
 
 def serve_steps(runner: StepRunner, channel: StepChannel) -> None:
