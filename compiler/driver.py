@@ -54,9 +54,9 @@ def compile(model, example_inputs: tuple, out: str | Path = "model.dz",
     _refuse_unimplemented(cfg)
     eos = None
     if task == "text-generation":
-        if _world_size(cfg) > 1:
-            raise DayzeroError("a partitioned generation artifact is not supported yet",
-                               "parallel", "compile for generation on one device")
+        from .generation import check_parallel
+
+        check_parallel(cfg.parallel)
         example_inputs, dynamic_shapes = generation_inputs(example_inputs, dynamic_shapes)
         eos = eos_token_ids(model)
         if tokenizer is None and checkpoint is not None:
@@ -192,7 +192,8 @@ def lower_and_write(graph: Graph, out: Path, target, cfg: CompileConfig, *,
         from .generation import cache_dtype, forward_signature, generation_pipeline
 
         forward = forward_signature(graph, value_spec)
-        pipeline = generation_pipeline(pipeline, get_pass, cache_dtype(cfg))
+        pipeline = generation_pipeline(pipeline, get_pass, cache_dtype(cfg),
+                                       cfg.parallel.get("tensor_parallel", 1))
     manager = PassManager(pipeline, dump_dir=dump_ir, log=log.line)
     before = op_counts(graph)  # passes change the graph in place
     with log.stage("passes", format_pipeline(pipeline)):
@@ -211,7 +212,8 @@ def lower_and_write(graph: Graph, out: Path, target, cfg: CompileConfig, *,
                                         sorted(extra_files or {}))
     if _world_size(cfg) > 1:
         return _write_partitioned(graph, out, target, cfg, format_pipeline(pipeline),
-                                  dump_ir=dump_ir, force=force, log=log, aliases=aliases)
+                                  dump_ir=dump_ir, force=force, log=log, aliases=aliases,
+                                  generation=generation, extra_files=extra_files)
     fallback_target = _backend(fallback) if fallback else None
     _check_symbolic_shapes(graph, target, fallback_target)
     # fused ops a backend has no kernel for run as their decomposition into primitive ops, on
@@ -309,8 +311,13 @@ def _world_size(cfg: CompileConfig) -> int:
 
 def _write_partitioned(graph: Graph, out: Path, target, cfg: CompileConfig, pipeline: str, *,
                        dump_ir, force: bool, log: StageLog,
-                       aliases: Mapping[str, str] | None = None) -> Path:
-    """Partition over the `parallel:` mesh and write one graph and weight shards per rank."""
+                       aliases: Mapping[str, str] | None = None,
+                       generation: dict[str, Any] | None = None,
+                       extra_files: Mapping[str, bytes] | None = None) -> Path:
+    """Partition over the `parallel:` mesh and write one graph and weight shards per rank.
+
+    A generation step (`generation`, its manifest section) keeps its KV cache sharded: each
+    rank's graph reads and returns only its own KV heads (passes/parallel/kv_cache_shards.py)."""
     from compiler.writer import write_artifact
     from passes.parallel import Mesh
     from passes.parallel.partition import partition
@@ -320,6 +327,10 @@ def _write_partitioned(graph: Graph, out: Path, target, cfg: CompileConfig, pipe
     with log.stage("partition", str(mesh)):
         plan = partition(graph, mesh, dump_dir=Path(dump_ir) / "parallel" if dump_ir else None,
                          log=log.line)
+        if generation is not None:
+            from passes.parallel.kv_cache_shards import keep_cache_local
+
+            keep_cache_local(plan)
         layout = plan.manifest()
         for stage in layout["stages"]:
             log.line(f"  stage {stage['stage']}: nodes {stage['nodes']}, cost {stage['cost']}")
@@ -330,13 +341,16 @@ def _write_partitioned(graph: Graph, out: Path, target, cfg: CompileConfig, pipe
                         "quantize": cfg.quantize}}
     if aliases:
         extra["symbol_aliases"] = dict(aliases)
+    if generation is not None:
+        extra["generation"] = generation
     with log.stage("lower+write", f"backend {target.name}, {mesh.world_size} ranks -> {out}"):
         total = sum(int(getattr(t, "nbytes", 0)) for r in plan.ranks
                     for t in r.graph.weight_data.values())
         try:
             path = write_artifact(out, plan.graph, target, options=cfg.options_for(target.name),
                                   force=force, manifest_extra=extra,
-                                  progress=log.progress(total, "weights"), ranks=plan.ranks)
+                                  progress=log.progress(total, "weights"), ranks=plan.ranks,
+                                  extra_files=extra_files)
         except OSError as exc:
             raise _write_error(exc, out) from exc
     log.line(f"wrote {path}")

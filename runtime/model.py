@@ -175,6 +175,14 @@ def load(path: str | Path, verify: str = "full", *,
     from .distributed import load_partitioned, partitioned_world
 
     if partitioned_world(path) > 1:
+        from .distributed import read_manifest
+
+        manifest = read_manifest(Path(path))
+        if manifest.get("generation") is not None and not session:
+            from .generation.ranks import load_tensor_parallel
+
+            return load_tensor_parallel(path, manifest, verify=verify, timeout=timeout,
+                                        kv_cache_memory=_cache_memory(kv_cache_memory))
         if session:
             raise DayzeroError("session settings cannot be overridden for a partitioned "
                                "artifact yet", str(path),
@@ -189,10 +197,14 @@ def load(path: str | Path, verify: str = "full", *,
     if model.manifest.get("generation") is None:
         return model
     from .generation.model import GenerationModel
+
+    return GenerationModel(model, kv_cache_memory=_cache_memory(kv_cache_memory))
+
+
+def _cache_memory(kv_cache_memory: int | str | None) -> int | None:
     from .generation.spec import parse_bytes
 
-    memory = None if kv_cache_memory is None else parse_bytes(kv_cache_memory, "kv_cache_memory")
-    return GenerationModel(model, kv_cache_memory=memory)
+    return None if kv_cache_memory is None else parse_bytes(kv_cache_memory, "kv_cache_memory")
 
 
 def _load_executable(backend: backends.Backend, artifact: Artifact,
