@@ -53,9 +53,9 @@ namespace {
 constexpr int64_t kChunk = 64;     // keys scored before the running maxima are updated
 constexpr int64_t kPanel = 16;     // keys per register-blocked score panel (two AVX vectors)
 constexpr int64_t kHeadTile = 8;   // query heads of one kv head per task
-constexpr int64_t kTokenTile = 8;  // consecutive tokens per task: they share each key chunk
+constexpr int64_t kTokenTile = 16;  // consecutive tokens per task: they share each key chunk
 constexpr int64_t kRows = kHeadTile * kTokenTile;  // rows of one kv head in a task
-constexpr int64_t kTaskRows = 256;  // rows of all its kv heads: a task takes up to kKvTile ...
+constexpr int64_t kTaskRows = 512;  // rows of all its kv heads: a task takes up to kKvTile ...
 constexpr int64_t kKvTile = 32;     // ... kv heads, so that it reads a slot's rows of them at once
 constexpr int64_t kSplitKeys = 512;  // fewest key positions in a part of a split step
 constexpr int64_t kMinTasks = 32;    // a step with fewer tasks than this splits its keys
@@ -108,6 +108,7 @@ struct Rows {
   float* base;
   int64_t stride, count;
   float* kt;
+  float* vt;  // the chunk's value rows, [kChunk][v_size]
   float* scores;
   float peak[kRows], sum[kRows];
   float* q(int64_t r) const { return base + r * stride; }
@@ -134,12 +135,13 @@ void ScoreScalar(const Rows& rows, int64_t size, int64_t padded) {
   }
 }
 
-// acc[r] += sum over i in [lo, hi) of probs[r][i] * values[i], for `count` rows.
-void WeighScalar(int64_t count, float* const* acc, const float* const* probs, const Chunk& c,
+// acc[r] += sum over i in [lo, hi) of probs[r][i] * values[i], for `count` rows; value row i
+// at vt + i * v_size.
+void WeighScalar(int64_t count, float* const* acc, const float* const* probs, const float* vt,
                  int64_t lo, int64_t hi, int64_t v_size) {
   for (int64_t r = 0; r < count; ++r) {
     for (int64_t i = lo; i < hi; ++i) {
-      for (int64_t d = 0; d < v_size; ++d) acc[r][d] += probs[r][i] * c.value(i)[d];
+      for (int64_t d = 0; d < v_size; ++d) acc[r][d] += probs[r][i] * vt[i * v_size + d];
     }
   }
 }
@@ -189,32 +191,58 @@ DZ_PAGED_AVX2 void PackAvx2(const Chunk& c, int64_t size, int64_t padded, float*
 // Scores of R rows (from r0) against the 16 packed keys from column i0: 2R accumulators.
 template <int R>
 DZ_PAGED_AVX2 void ScorePanel(const Rows& rows, int64_t r0, int64_t i0, int64_t size) {
-  __m256 acc[R][2];
-  const float* q[R];
-  for (int r = 0; r < R; ++r) {
-    acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    q[r] = rows.q(r0 + r);
-  }
+  // named accumulators, not an array: GCC keeps an array of 12 in memory
+  __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0, a2 = a0, b2 = a0, a3 = a0,
+         b3 = a0, a4 = a0, b4 = a0, a5 = a0, b5 = a0;
+  const float* q = rows.q(r0);
+  const int64_t stride = rows.stride;
   const float* kt = rows.kt + i0;
   for (int64_t d = 0; d < size; ++d, kt += kChunk) {
     const __m256 k0 = _mm256_loadu_ps(kt), k1 = _mm256_loadu_ps(kt + 8);
-    for (int r = 0; r < R; ++r) {
-      const __m256 b = _mm256_broadcast_ss(q[r] + d);
-      acc[r][0] = _mm256_fmadd_ps(b, k0, acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(b, k1, acc[r][1]);
+    const float* qd = q + d;
+    __m256 w = _mm256_broadcast_ss(qd);
+    a0 = _mm256_fmadd_ps(w, k0, a0);
+    b0 = _mm256_fmadd_ps(w, k1, b0);
+    if (R > 1) {
+      w = _mm256_broadcast_ss(qd + stride);
+      a1 = _mm256_fmadd_ps(w, k0, a1);
+      b1 = _mm256_fmadd_ps(w, k1, b1);
+    }
+    if (R > 2) {
+      w = _mm256_broadcast_ss(qd + 2 * stride);
+      a2 = _mm256_fmadd_ps(w, k0, a2);
+      b2 = _mm256_fmadd_ps(w, k1, b2);
+    }
+    if (R > 3) {
+      w = _mm256_broadcast_ss(qd + 3 * stride);
+      a3 = _mm256_fmadd_ps(w, k0, a3);
+      b3 = _mm256_fmadd_ps(w, k1, b3);
+    }
+    if (R > 4) {
+      w = _mm256_broadcast_ss(qd + 4 * stride);
+      a4 = _mm256_fmadd_ps(w, k0, a4);
+      b4 = _mm256_fmadd_ps(w, k1, b4);
+    }
+    if (R > 5) {
+      w = _mm256_broadcast_ss(qd + 5 * stride);
+      a5 = _mm256_fmadd_ps(w, k0, a5);
+      b5 = _mm256_fmadd_ps(w, k1, b5);
     }
   }
+  const __m256 out[2 * 6] = {a0, b0, a1, b1, a2, b2, a3, b3, a4, b4, a5, b5};
   for (int r = 0; r < R; ++r) {
-    _mm256_storeu_ps(rows.score(r0 + r) + i0, acc[r][0]);
-    _mm256_storeu_ps(rows.score(r0 + r) + i0 + 8, acc[r][1]);
+    _mm256_storeu_ps(rows.score(r0 + r) + i0, out[2 * r]);
+    _mm256_storeu_ps(rows.score(r0 + r) + i0 + 8, out[2 * r + 1]);
   }
 }
 
 DZ_PAGED_AVX2 void ScoreAvx2(const Rows& rows, int64_t size, int64_t padded) {
-  for (int64_t r0 = 0; r0 < rows.count; r0 += 4) {
-    const int64_t left = std::min<int64_t>(4, rows.count - r0);
+  for (int64_t r0 = 0; r0 < rows.count; r0 += 6) {
+    const int64_t left = std::min<int64_t>(6, rows.count - r0);
     for (int64_t i0 = 0; i0 < padded; i0 += kPanel) {
       switch (left) {
+        case 6: ScorePanel<6>(rows, r0, i0, size); break;
+        case 5: ScorePanel<5>(rows, r0, i0, size); break;
         case 4: ScorePanel<4>(rows, r0, i0, size); break;
         case 3: ScorePanel<3>(rows, r0, i0, size); break;
         case 2: ScorePanel<2>(rows, r0, i0, size); break;
@@ -227,7 +255,7 @@ DZ_PAGED_AVX2 void ScoreAvx2(const Rows& rows, int64_t size, int64_t padded) {
 // WeighScalar for R rows: 16 (then 8) output channels of every row stay in registers over the
 // keys, so each value row's channels are loaded once for all R rows.
 template <int R>
-DZ_PAGED_AVX2 void WeighRowsAvx2(float* const* acc, const float* const* probs, const Chunk& c,
+DZ_PAGED_AVX2 void WeighRowsAvx2(float* const* acc, const float* const* probs, const float* vt,
                                  int64_t lo, int64_t hi, int64_t v_size) {
   int64_t d = 0;
   for (; d + 16 <= v_size; d += 16) {
@@ -237,7 +265,7 @@ DZ_PAGED_AVX2 void WeighRowsAvx2(float* const* acc, const float* const* probs, c
       sum[r][1] = _mm256_loadu_ps(acc[r] + d + 8);
     }
     for (int64_t i = lo; i < hi; ++i) {
-      const float* value = c.value(i) + d;
+      const float* value = vt + i * v_size + d;
       const __m256 v0 = _mm256_loadu_ps(value), v1 = _mm256_loadu_ps(value + 8);
       for (int r = 0; r < R; ++r) {
         const __m256 w = _mm256_broadcast_ss(probs[r] + i);
@@ -254,7 +282,7 @@ DZ_PAGED_AVX2 void WeighRowsAvx2(float* const* acc, const float* const* probs, c
     __m256 sum[R];
     for (int r = 0; r < R; ++r) sum[r] = _mm256_loadu_ps(acc[r] + d);
     for (int64_t i = lo; i < hi; ++i) {
-      const __m256 v = _mm256_loadu_ps(c.value(i) + d);
+      const __m256 v = _mm256_loadu_ps(vt + i * v_size + d);
       for (int r = 0; r < R; ++r)
         sum[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(probs[r] + i), v, sum[r]);
     }
@@ -262,19 +290,21 @@ DZ_PAGED_AVX2 void WeighRowsAvx2(float* const* acc, const float* const* probs, c
   }
   for (; d < v_size; ++d) {
     for (int r = 0; r < R; ++r) {
-      for (int64_t i = lo; i < hi; ++i) acc[r][d] += probs[r][i] * c.value(i)[d];
+      for (int64_t i = lo; i < hi; ++i) acc[r][d] += probs[r][i] * vt[i * v_size + d];
     }
   }
 }
 
 DZ_PAGED_AVX2 void WeighAvx2(int64_t count, float* const* acc, const float* const* probs,
-                             const Chunk& c, int64_t lo, int64_t hi, int64_t v_size) {
-  for (int64_t r0 = 0; r0 < count; r0 += 4) {
-    switch (std::min<int64_t>(4, count - r0)) {
-      case 4: WeighRowsAvx2<4>(acc + r0, probs + r0, c, lo, hi, v_size); break;
-      case 3: WeighRowsAvx2<3>(acc + r0, probs + r0, c, lo, hi, v_size); break;
-      case 2: WeighRowsAvx2<2>(acc + r0, probs + r0, c, lo, hi, v_size); break;
-      default: WeighRowsAvx2<1>(acc + r0, probs + r0, c, lo, hi, v_size); break;
+                             const float* vt, int64_t lo, int64_t hi, int64_t v_size) {
+  for (int64_t r0 = 0; r0 < count; r0 += 6) {
+    switch (std::min<int64_t>(6, count - r0)) {
+      case 6: WeighRowsAvx2<6>(acc + r0, probs + r0, vt, lo, hi, v_size); break;
+      case 5: WeighRowsAvx2<5>(acc + r0, probs + r0, vt, lo, hi, v_size); break;
+      case 4: WeighRowsAvx2<4>(acc + r0, probs + r0, vt, lo, hi, v_size); break;
+      case 3: WeighRowsAvx2<3>(acc + r0, probs + r0, vt, lo, hi, v_size); break;
+      case 2: WeighRowsAvx2<2>(acc + r0, probs + r0, vt, lo, hi, v_size); break;
+      default: WeighRowsAvx2<1>(acc + r0, probs + r0, vt, lo, hi, v_size); break;
     }
   }
 }
@@ -355,12 +385,12 @@ void Score(bool vectorized, const Rows& rows, int64_t size, int64_t padded) {
 }
 
 void Weigh(bool vectorized, int64_t count, float* const* acc, const float* const* probs,
-           const Chunk& c, int64_t lo, int64_t hi, int64_t v_size) {
+           const float* vt, int64_t lo, int64_t hi, int64_t v_size) {
 #if DZ_PAGED_X86
-  if (vectorized) return WeighAvx2(count, acc, probs, c, lo, hi, v_size);
+  if (vectorized) return WeighAvx2(count, acc, probs, vt, lo, hi, v_size);
 #endif
   (void)vectorized;
-  WeighScalar(count, acc, probs, c, lo, hi, v_size);
+  WeighScalar(count, acc, probs, vt, lo, hi, v_size);
 }
 
 // s[i] = s[i] * scale, then softcapped; returns max(start, the s[i]) with NaN kept.
@@ -509,6 +539,8 @@ void AttendChunk(const Shared& k, Rows& rows, int64_t heads, const Chunk& c, con
   const int64_t tokens = rows.count / heads;
   const int64_t padded = (c.n + kPanel - 1) / kPanel * kPanel;
   Pack(k.vectorized, c, p.head_size, padded, rows.kt);
+  for (int64_t i = 0; i < c.n; ++i)  // contiguous: the rows, a slot's width apart, share L1 sets
+    std::copy(c.value(i), c.value(i) + p.v_size, rows.vt + i * p.v_size);
   Score(k.vectorized, rows, p.head_size, padded);
   for (int64_t t0 = 0; t0 < tokens;) {
     int64_t t1 = t0 + 1;
@@ -521,7 +553,7 @@ void AttendChunk(const Shared& k, Rows& rows, int64_t heads, const Chunk& c, con
         acc[r - t0 * heads] = rows.q(r) + p.head_size;
         probs[r - t0 * heads] = rows.score(r);
       }
-      Weigh(k.vectorized, (t1 - t0) * heads, acc, probs, c, lo[t0], hi[t0], p.v_size);
+      Weigh(k.vectorized, (t1 - t0) * heads, acc, probs, rows.vt, lo[t0], hi[t0], p.v_size);
     }
     t0 = t1;
   }
@@ -631,7 +663,7 @@ bool AttendRun(Shared& k, int64_t t0, int64_t t1, int64_t g0, int64_t kvs, int64
 float* TaskBuffer(const PagedProblem& p) {
   thread_local std::vector<float> buffer;
   const size_t floats = static_cast<size_t>(KvTile(p) * kRows * (p.head_size + p.v_size) +
-                                            p.head_size * kChunk + kRows * kChunk);
+                                            (p.head_size + p.v_size + kRows) * kChunk);
   if (buffer.size() < floats) buffer.resize(floats);
   return buffer.data();
 }
@@ -664,7 +696,8 @@ void Attend(void* data, size_t index) noexcept {
     views[i].rows.base = buffer + i * kRows * stride;
     views[i].rows.stride = stride;
     views[i].rows.kt = kt;  // the kv heads take turns with the packed keys and the scores
-    views[i].rows.scores = kt + p.head_size * kChunk;
+    views[i].rows.vt = kt + p.head_size * kChunk;
+    views[i].rows.scores = views[i].rows.vt + p.v_size * kChunk;
   }
   for (int64_t t0 = block * kTokenTile; t0 < t_end;) {
     const int64_t seq = p.token_seq[t0];
