@@ -501,6 +501,11 @@ inline int64_t KvTile(const PagedProblem& p) {
   return std::min({p.kv_heads, kKvTile, std::max<int64_t>(1, kTaskRows / (kTokenTile * heads))});
 }
 
+// Rows of one kv head in a task.
+inline int64_t ViewRows(const PagedProblem& p) {
+  return kTokenTile * std::min(kHeadTile, p.num_heads / p.kv_heads);
+}
+
 inline int64_t KvBlocks(const PagedProblem& p) {
   return (p.kv_heads + KvTile(p) - 1) / KvTile(p);
 }
@@ -658,11 +663,11 @@ bool AttendRun(Shared& k, int64_t t0, int64_t t1, int64_t g0, int64_t kvs, int64
   return true;
 }
 
-// The thread's buffer for a task's rows, packed keys and scores (kept between calls: a task
-// needs the same few hundred kB at most each time).
+// The thread's buffer for a task's rows, packed keys and values and scores (kept between
+// calls: each call's tasks need the same size, under 1 MB for head sizes up to 128).
 float* TaskBuffer(const PagedProblem& p) {
   thread_local std::vector<float> buffer;
-  const size_t floats = static_cast<size_t>(KvTile(p) * kRows * (p.head_size + p.v_size) +
+  const size_t floats = static_cast<size_t>(KvTile(p) * ViewRows(p) * (p.head_size + p.v_size) +
                                             (p.head_size + p.v_size + kRows) * kChunk);
   if (buffer.size() < floats) buffer.resize(floats);
   return buffer.data();
@@ -690,10 +695,10 @@ void Attend(void* data, size_t index) noexcept {
   }
   KvRows views[kKvTile];
   const int64_t stride = p.head_size + p.v_size;
-  float* kt = buffer + KvTile(p) * kRows * stride;
+  float* kt = buffer + KvTile(p) * ViewRows(p) * stride;
   for (int64_t i = 0; i < kvs; ++i) {
     views[i].first = (g0 + i) * group + tile * kHeadTile;
-    views[i].rows.base = buffer + i * kRows * stride;
+    views[i].rows.base = buffer + i * ViewRows(p) * stride;
     views[i].rows.stride = stride;
     views[i].rows.kt = kt;  // the kv heads take turns with the packed keys and the scores
     views[i].rows.vt = kt + p.head_size * kChunk;
