@@ -5,18 +5,20 @@
 // anyway (the runtime writes them into the pool), and the second phase reads a new token's key
 // from there, exactly as it reads a cached key from the pool.
 //
-// The second has one task per block of kTokenTile consecutive tokens, kv head and tile of up to
-// kHeadTile of the query heads that share it (GQA): the block's rows (token x query head, up to
-// kRows) walk their visible keys together, kChunk keys at a time, so each scattered key and
-// value row is fetched from memory once per block and group, not once per token and head. Per
-// chunk a task prefetches the next chunk's rows into L2, packs this chunk's keys transposed
-// ([channel][key], so that a query channel times a key panel is one broadcast and FMAs over
-// 8 keys, with no horizontal sums), scores all its rows against the chunk (rows x 16-key panels,
-// register-blocked), then per row: the running maximum over the part of the chunk the row's
-// token sees, one rescale of its accumulator if that maximum rose, the weights through a
-// vectorised exp; and finally the weighted value rows, rows sharing the same visible keys
-// register-blocked over 16 output channels. The AVX2 + FMA functions run where the CPU has
-// them, the scalar ones elsewhere; a task's rows live in a buffer its thread keeps.
+// The second has one task per block of kTokenTile consecutive tokens, tile of up to kHeadTile
+// query heads per kv head and block of up to kKvTile kv heads (GQA: each kv head's rows are
+// its query heads' rows of every token, up to kRows; a task takes several kv heads so that a
+// slot's rows of them, contiguous in the pool, are read together). The block's rows walk their
+// visible keys together, kChunk keys at a time, so each scattered key and value row is fetched
+// from memory once per block, not once per token and head. Per chunk a task prefetches the
+// next chunk's rows into L2, and per kv head: packs the chunk's keys transposed ([channel][key],
+// so that a query channel times a key panel is one broadcast and FMAs over 8 keys, no
+// horizontal sums) and its values contiguous, scores all rows against the chunk (6 rows x
+// 16-key panels in registers), then per row: the running maximum over the part of the chunk
+// the row's token sees, one rescale of its accumulator if that maximum rose, the weights
+// through a vectorised exp; and finally the weighted values, 6 rows that see the same keys x 16
+// output channels in registers. The AVX2 + FMA functions run where the CPU has them, the
+// scalar ones elsewhere; a task's rows live in a buffer its thread keeps.
 //
 // A step with few tasks (a decode step: one token per sequence, a few kv heads) would leave
 // threads idle and bind each one to a long walk; there every task's keys are split into parts
@@ -101,9 +103,10 @@ struct Chunk {
   const float* value(int64_t i) const { return values[i] + value_offset; }
 };
 
-// A task's rows: `count` rows (token-major, then query head), each a rotated query row followed
-// by its accumulator, `stride` floats apart; the chunk's keys transposed, [size][kChunk]; the
-// rows' scores [kRows][kChunk].
+// A task's rows of one kv head: `count` rows (token-major, then query head), each a rotated
+// query row followed by its accumulator, `stride` floats apart, with their softmax states; the
+// chunk's keys transposed, [size][kChunk], values and the rows' scores [kRows][kChunk] (shared
+// by the task's kv heads, which take the chunk in turns).
 struct Rows {
   float* base;
   int64_t stride, count;
