@@ -55,9 +55,9 @@ namespace {
 constexpr int64_t kChunk = 64;     // keys scored before the running maxima are updated
 constexpr int64_t kPanel = 16;     // keys per register-blocked score panel (two AVX vectors)
 constexpr int64_t kHeadTile = 8;   // query heads of one kv head per task
-constexpr int64_t kTokenTile = 16;  // consecutive tokens per task: they share each key chunk
+constexpr int64_t kTokenTile = 32;  // consecutive tokens per task: they share each key chunk
 constexpr int64_t kRows = kHeadTile * kTokenTile;  // rows of one kv head in a task
-constexpr int64_t kTaskRows = 512;  // rows of all its kv heads: a task takes up to kKvTile ...
+constexpr int64_t kTaskRows = 1024;  // rows of all its kv heads: a task takes up to kKvTile ...
 constexpr int64_t kKvTile = 32;     // ... kv heads, so that it reads a slot's rows of them at once
 constexpr int64_t kSplitKeys = 512;  // fewest key positions in a part of a split step
 constexpr int64_t kMinTasks = 32;    // a step with fewer tasks than this splits its keys
@@ -113,7 +113,8 @@ struct Rows {
   float* kt;
   float* vt;  // the chunk's value rows, [kChunk][v_size]
   float* scores;
-  float peak[kRows], sum[kRows];
+  float* peak;  // per row: the running maximum and weight sum
+  float* sum;
   float* q(int64_t r) const { return base + r * stride; }
   float* score(int64_t r) const { return scores + r * kChunk; }
 };
@@ -667,10 +668,11 @@ bool AttendRun(Shared& k, int64_t t0, int64_t t1, int64_t g0, int64_t kvs, int64
 }
 
 // The thread's buffer for a task's rows, packed keys and values and scores (kept between
-// calls: each call's tasks need the same size, under 1 MB for head sizes up to 128).
+// calls: each call's tasks need the same size, about 1 MB for head sizes up to 128).
 float* TaskBuffer(const PagedProblem& p) {
   thread_local std::vector<float> buffer;
-  const size_t floats = static_cast<size_t>(KvTile(p) * ViewRows(p) * (p.head_size + p.v_size) +
+  const int64_t rows = KvTile(p) * ViewRows(p);  // each: query, accumulator, maximum and sum
+  const size_t floats = static_cast<size_t>(rows * (p.head_size + p.v_size + 2) +
                                             (p.head_size + p.v_size + kRows) * kChunk);
   if (buffer.size() < floats) buffer.resize(floats);
   return buffer.data();
@@ -706,6 +708,8 @@ void Attend(void* data, size_t index) noexcept {
     views[i].rows.kt = kt;  // the kv heads take turns with the packed keys and the scores
     views[i].rows.vt = kt + p.head_size * kChunk;
     views[i].rows.scores = views[i].rows.vt + p.v_size * kChunk;
+    views[i].rows.peak = views[i].rows.scores + kRows * kChunk + 2 * i * ViewRows(p);
+    views[i].rows.sum = views[i].rows.peak + ViewRows(p);
   }
   for (int64_t t0 = block * kTokenTile; t0 < t_end;) {
     const int64_t seq = p.token_seq[t0];
