@@ -1,14 +1,20 @@
-"""paged_attention on ONNX Runtime: dayzero's native PagedAttention kernel against the op's
-decomposition (the lowering where the kernel is excluded), on a decode step.
+"""paged_attention on ONNX Runtime: dayzero's native PagedAttention kernel against torch's
+scaled_dot_product_attention on the same shapes (contiguous keys), at long context.
 
-One graph holding one paged_attention node (16 query heads, 4 KV heads, head size 64, rotary)
-is compiled twice with the onnxruntime backend, once with `exclude_kernels` naming the native
-kernel; both artifacts run the same step, `--tokens` decoding tokens of as many sequences with
-`--cached` keys each in scattered pool slots, alternating in rounds so that the machine's drift
-hits both alike. Prints the median per call of each and their ratio, and checks they agree.
+The 150M Llama-shaped benchmark's attention (16 query heads, 4 KV heads, head size 64, rotary):
+one graph holding one paged_attention node is compiled with the onnxruntime backend and run on
+generation steps whose cached keys live in shuffled 16-slot pool blocks (as the runtime's paged
+cache places them): a prefill chunk of `--chunk` tokens after `--cached` keys, and a decode step
+(one token) after each of `--decode` keys. torch sees the same rotated queries, keys and values
+as contiguous [1, heads, L, 64] tensors (GQA through `enable_gqa`, a prefill chunk's causal
+offset through a boolean mask, as transformers passes it). Both use `--threads` threads and
+alternate in rounds, so the machine's drift hits both alike. Prints the median ms per call of
+each, their ratio and, for a decode step, its bytes-read floor: the time torch takes to sum a
+tensor of as many bytes as the step's keys and values (what it must read), with the same
+threads, timed in the same rounds. Checks that both agree.
 
-    python benchmarks/paged_attention.py                  # 1 token, 1024 cached keys
-    python benchmarks/paged_attention.py --tokens 8 --cached 4096 --rounds 20
+    python benchmarks/paged_attention.py                        # 512 after 8192; decode 8k, 32k
+    python benchmarks/paged_attention.py --chunk 128 --cached 1024 --decode 4096 --rounds 3
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -28,81 +35,129 @@ from compiler.ir import DType, Graph, TensorType  # noqa: E402
 from compiler.writer import write_artifact  # noqa: E402
 from runtime.artifact import Artifact  # noqa: E402
 
-HEADS, KV_HEADS, SIZE = 16, 4, 64
-NATIVE = "ai.dayzero.PagedAttention"
+HEADS, KV_HEADS, SIZE, BLOCK = 16, 4, 64, 16
+NAMES = ["q", "k", "v", "cos", "sin", "k_cache", "v_cache", "seq_slots", "token_seq",
+         "token_len"]
 
 
 def step(tokens: int, cached: int, seed: int = 0) -> dict[str, np.ndarray]:
-    """`tokens` sequences decoding one token each after `cached` keys in a shuffled pool."""
+    """One sequence: `tokens` new tokens after `cached` keys held in shuffled pool blocks."""
     rng = np.random.default_rng(seed)
-    pool = tokens * cached + 16
-    order = rng.permutation(pool)
-    slots = np.empty((tokens, cached + 1), np.int64)
-    slots[:, :cached] = order[:tokens * cached].reshape(tokens, cached)
-    slots[:, cached] = -2 - np.arange(tokens)
-    angles = np.full((tokens, 1), cached) / 10000.0 ** (np.arange(SIZE) % (SIZE // 2) / SIZE)
+    blocks = -(-cached // BLOCK) + 1
+    order = rng.permutation(blocks)
+    slots = np.empty((1, cached + tokens), np.int64)
+    slots[0, :cached] = (order[:, None] * BLOCK + np.arange(BLOCK)).reshape(-1)[:cached]
+    slots[0, cached:] = -2 - np.arange(tokens)
+    positions = cached + np.arange(tokens)
+    angles = positions[:, None] / 10000.0 ** (np.arange(SIZE) % (SIZE // 2) / (SIZE // 2))
     arrays = dict(
         q=rng.standard_normal((1, tokens, HEADS * SIZE)),
         k=rng.standard_normal((1, tokens, KV_HEADS * SIZE)),
         v=rng.standard_normal((1, tokens, KV_HEADS * SIZE)),
         cos=np.cos(angles), sin=np.sin(angles),
-        k_cache=rng.standard_normal((pool, KV_HEADS, SIZE)),
-        v_cache=rng.standard_normal((pool, KV_HEADS, SIZE)))
+        k_cache=rng.standard_normal((blocks * BLOCK, KV_HEADS, SIZE)),
+        v_cache=rng.standard_normal((blocks * BLOCK, KV_HEADS, SIZE)))
     arrays = {k: a.astype(np.float32) for k, a in arrays.items()}
-    arrays.update(seq_slots=slots, token_seq=np.arange(tokens, dtype=np.int64),
-                  token_len=np.full(tokens, cached + 1, np.int64))
+    arrays.update(seq_slots=slots, token_seq=np.zeros(tokens, np.int64),
+                  token_len=(positions + 1).astype(np.int64))
     return arrays
 
 
 def graph(arrays: dict[str, np.ndarray]) -> Graph:
     g = Graph("paged")
-    names = ["q", "k", "v", "cos", "sin", "k_cache", "v_cache", "seq_slots", "token_seq",
-             "token_len"]
     values = [g.add_input(n, TensorType(DType.i64 if arrays[n].dtype == np.int64 else DType.f32,
-                                        arrays[n].shape)) for n in names]
+                                        arrays[n].shape)) for n in NAMES]
     g.outputs = list(g.add_node("paged_attention", values,
                                 dict(num_heads=HEADS, kv_num_heads=KV_HEADS)).outputs)
     return g
 
 
-def median_ms(run, x, calls: int) -> float:
+def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """x [T, heads, size] * cos + rotate_half(x) * sin, the tables [T, size]."""
+    half = np.concatenate([-x[..., SIZE // 2:], x[..., :SIZE // 2]], axis=-1)
+    return x * cos[:, None] + half * sin[:, None]
+
+
+def torch_inputs(arrays: dict[str, np.ndarray], new_k: np.ndarray) -> dict[str, torch.Tensor]:
+    """The step as contiguous tensors for scaled_dot_product_attention."""
+    tokens = arrays["q"].shape[1]
+    q = rotate(arrays["q"][0].reshape(tokens, HEADS, SIZE), arrays["cos"], arrays["sin"])
+    cached = arrays["seq_slots"][0, :-tokens]
+    keys = np.concatenate([arrays["k_cache"][cached], new_k])
+    values = np.concatenate([arrays["v_cache"][cached],
+                             arrays["v"][0].reshape(tokens, KV_HEADS, SIZE)])
+    heads_first = [torch.from_numpy(np.ascontiguousarray(x.transpose(1, 0, 2)[None]))
+                   for x in (q, keys, values)]
+    length = keys.shape[0]
+    mask = None
+    if tokens > 1:  # bottom-right causal: token t sees keys [0, length - tokens + t]
+        mask = torch.from_numpy(np.arange(length)[None] <= (arrays["token_len"][:, None] - 1))
+    return dict(query=heads_first[0], key=heads_first[1], value=heads_first[2], attn_mask=mask)
+
+
+def sdpa(x: dict[str, torch.Tensor]) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.nn.functional.scaled_dot_product_attention(**x, enable_gqa=True)
+
+
+def median_ms(call, calls: int) -> float:
     times = []
     for _ in range(calls):
         start = time.perf_counter()
-        run(x)
+        call()
         times.append(time.perf_counter() - start)
     return float(np.median(times)) * 1e3
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tokens", type=int, default=1)
-    parser.add_argument("--cached", type=int, default=1024)
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--calls", type=int, default=50)
-    args = parser.parse_args()
-    arrays = step(args.tokens, args.cached)
-    g = graph(arrays)
-    x = list(arrays.values())
+def compare(name: str, tokens: int, cached: int, threads: int, rounds: int,
+            calls: int) -> dict[str, float]:
+    """Times one step on both; returns and prints the medians (ms)."""
+    arrays = step(tokens, cached)
     backend = OnnxRuntimeBackend()
     with tempfile.TemporaryDirectory() as tmp:
-        runs = {}
-        for name, options in (("native", {}), ("decomposition", {"exclude_kernels": [NATIVE]})):
-            path = write_artifact(Path(tmp) / f"{name}.dz", g, backend, options=options)
-            runs[name] = backend.load(Artifact(path))
-        outs = {name: run(x) for name, run in runs.items()}
-        for a, b in zip(outs["native"], outs["decomposition"]):
-            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
-        medians = {name: [] for name in runs}
-        for _ in range(args.rounds):
-            for name, run in runs.items():
-                medians[name].append(median_ms(run, x, args.calls))
-    native, decomposed = (float(np.median(medians[n])) for n in ("native", "decomposition"))
-    print(f"paged_attention decode: {args.tokens} token(s) x {args.cached} cached keys, "
-          f"{HEADS} heads, {KV_HEADS} kv heads, head {SIZE}")
-    print(f"  native PagedAttention  {native:8.3f} ms")
-    print(f"  decomposition          {decomposed:8.3f} ms   ({decomposed / native:.1f}x)")
+        path = write_artifact(Path(tmp) / "paged.dz", graph(arrays), backend)
+        run = backend.load(Artifact(path), session={"intra_op_threads": threads})
+        x = [arrays[n] for n in NAMES]
+        out, new_k, _ = run(x)
+        want = sdpa(torch_inputs(arrays, new_k)).numpy()
+        got = out[0].reshape(tokens, HEADS, SIZE).transpose(1, 0, 2)[None]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        t_in = torch_inputs(arrays, new_k)
+        kv_bytes = torch.ones((cached + tokens) * KV_HEADS * SIZE * 2)
+        contenders = {"native": lambda: run(x), "sdpa": lambda: sdpa(t_in),
+                      "floor": lambda: kv_bytes.sum()}
+        times = {name: [] for name in contenders}
+        for _ in range(rounds):
+            for key, call in contenders.items():
+                times[key].append(median_ms(call, calls))
+    native, torch_ms, floor = (float(np.median(times[n])) for n in ("native", "sdpa", "floor"))
+    line = (f"{name:<28} native {native:9.3f} ms   torch sdpa {torch_ms:9.3f} ms   "
+            f"native/sdpa {native / torch_ms:5.2f}")
+    if tokens == 1:
+        line += f"   floor {floor:7.3f} ms   native/floor {native / floor:5.2f}"
+    print(line, flush=True)
+    return {"native": native, "sdpa": torch_ms, "floor": floor}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--chunk", type=int, default=512, help="prefill chunk tokens (0: none)")
+    parser.add_argument("--cached", type=int, default=8192, help="keys before the chunk")
+    parser.add_argument("--decode", default="8192,32768", help="cached keys of decode steps")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=5)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    print(f"paged_attention: {HEADS} heads, {KV_HEADS} kv heads, head {SIZE}, rotary, "
+          f"{args.threads} threads")
+    if args.chunk:
+        compare(f"prefill {args.chunk} after {args.cached}", args.chunk, args.cached,
+                args.threads, args.rounds, args.calls)
+    for cached in (int(c) for c in args.decode.split(",") if c):
+        compare(f"decode after {cached}", 1, cached, args.threads, args.rounds, args.calls * 10)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -108,4 +108,13 @@ STEPS = {
     "window-softcap-odd-size": Step([(3, 4), (50, 1)], size=10, attrs=dict(window=8,
                                                                            softcap=5.0)),
     "long-decode": Step([(300, 1), (129, 2)], heads=8, kv_heads=2, size=64, pool=512),
+    # prompt chunks in the kernel's blocks of 32 tokens, a run straddling two, over several
+    # 64-key chunks
+    "long-prefill": Step([(150, 40), (70, 3)], heads=8, kv_heads=2, size=32, pool=256),
+    "gqa-two-tiles-two-kv": Step([(11, 5), (30, 1)], heads=20, kv_heads=2, size=8),
+    # few tasks over long slot lists: the kernel splits the keys into parts, then combines them
+    "split-decode": Step([(3000, 1), (700, 1)], heads=8, kv_heads=2, size=64, pool=3800),
+    "split-decode-window-softcap": Step([(2100, 1), (1900, 1)], size=24, pool=4050,
+                                        attrs=dict(window=1500, softcap=3.0)),
+    "split-prefill": Step([(1100, 9)], heads=8, kv_heads=2, size=16, pool=1200),
 }

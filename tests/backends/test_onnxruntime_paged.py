@@ -95,6 +95,37 @@ def test_nonfinite_inputs_follow_the_decomposition(where, value):
         assert_same(g, w)
 
 
+@pytest.mark.parametrize("where, value", [("k_cache", np.nan), ("k_cache", np.inf),
+                                          ("v_cache", np.inf), ("v_cache", np.nan)])
+def test_a_split_step_follows_the_decomposition_with_nonfinite_inputs(where, value):
+    # "split-decode" splits sequence 0's 3001 keys into parts: position 1700 is in a middle one
+    step = STEPS["split-decode"]
+    arrays = step.arrays()
+    arrays[where][arrays["seq_slots"][0, 1700], 1, 5] = value
+    got = run_native(step, arrays)
+    assert not np.isfinite(got[0][0, 0]).all()
+    for g, w in zip(got, reference(step, arrays)):
+        assert_same(g, w)
+
+
+def test_a_part_whose_scores_are_all_minus_inf_weighs_nothing_but_its_infinite_value_poisons():
+    # the first of the 5 parts of 3001 keys, positions 0..599, scores -inf for every head: it
+    # weighs 0 once the later parts' finite scores come, and 0 * Inf is NaN in its channel
+    step = Step([(3000, 1)], heads=8, kv_heads=2, size=64, rotary=False, pool=3100)
+    arrays = step.arrays()
+    arrays["q"][0, 0, ::64] = np.abs(arrays["q"][0, 0, ::64]) + 0.1
+    first = arrays["seq_slots"][0, :600]
+    arrays["k_cache"][first] = 0.0
+    arrays["k_cache"][first, :, 0] = -np.inf
+    arrays["v_cache"][first[7], 1, 3] = np.inf
+    got = run_native(step, arrays)
+    out = got[0].reshape(8, 64)
+    assert np.isnan(out[4:, 3]).all() and np.isfinite(np.delete(out[4:], 3, axis=1)).all()
+    assert np.isfinite(out[:4]).all()
+    for g, w in zip(got, reference(step, arrays)):
+        assert_same(g, w)
+
+
 def test_a_token_without_visible_keys_is_nan_as_in_the_decomposition():
     step = Step([(4, 1), (6, 1)], rotary=False)
     arrays = step.arrays()

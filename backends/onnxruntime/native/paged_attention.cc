@@ -1,26 +1,37 @@
 // Paged attention of a generation step: see paged_attention.h for what and why.
 //
-// Two parallel phases. The first (one task per token) rotates the step's new keys into `new_k`
-// and copies its values into `new_v`: those are outputs anyway (the runtime writes them into the
-// pool), and the second phase reads a new token's key from there, exactly as it reads a cached
-// key from the pool. The second has one task per block of kTokenTile consecutive tokens, kv head
-// and tile of up to kHeadTile of the query heads that share it (GQA: each scattered key and value
-// row is fetched from memory once for its whole group, not once per query head; a decode step is
-// bound by those fetches; and once for a block of a prompt chunk's tokens, which see the same
-// keys, so a long prompt is not bound by them either). A task rotates its query rows, then walks
-// its tokens' visible keys in chunks of kChunk, each token taking the part it sees:
-// it prefetches the next chunk's rows into L2, locates this chunk's, scores them (each 8
-// channels of a key loaded once for the whole tile), raises each head's running maximum
-// once per chunk (one rescale of the accumulator, not one per key), and adds the chunk's
-// weighted value rows (8 output channels of every head kept in registers over the chunk).
-// The AVX2 + FMA functions run where the CPU has them, the scalar ones elsewhere. The tasks'
-// query and accumulator rows are one allocation made before the parallel phase.
+// Two parallel phases, and a third when a step's keys are split. The first (one task per token)
+// rotates the step's new keys into `new_k` and copies its values into `new_v`: those are outputs
+// anyway (the runtime writes them into the pool), and the second phase reads a new token's key
+// from there, exactly as it reads a cached key from the pool.
+//
+// The second has one task per block of kTokenTile consecutive tokens, tile of up to kHeadTile
+// query heads per kv head and block of up to kKvTile kv heads (GQA: each kv head's rows are
+// its query heads' rows of every token, up to kRows; a task takes several kv heads so that a
+// slot's rows of them, contiguous in the pool, are read together). The block's rows walk their
+// visible keys together, kChunk keys at a time, so each scattered key and value row is fetched
+// from memory once per block, not once per token and head. Per chunk a task prefetches the
+// next chunk's rows into L2, and per kv head: packs the chunk's keys transposed ([channel][key],
+// so that a query channel times a key panel is one broadcast and FMAs over 8 keys, no
+// horizontal sums) and its values contiguous, scores all rows against the chunk (6 rows x
+// 16-key panels in registers), then per row: the running maximum over the part of the chunk
+// the row's token sees, one rescale of its accumulator if that maximum rose, the weights
+// through a vectorised exp; and finally the weighted values, 6 rows that see the same keys x 16
+// output channels in registers. The AVX2 + FMA functions run where the CPU has them, the
+// scalar ones elsewhere; a task's rows live in a buffer its thread keeps.
+//
+// A step with few tasks (a decode step: one token per sequence, a few kv heads) would leave
+// threads idle and bind each one to a long walk; there every task's keys are split into parts
+// of at least kSplitKeys positions, each part keeps its own maximum, weight sum and accumulator,
+// and the third phase (one task per token) combines them: the same rescaling as between chunks.
 //
 // Non-finite numbers: the maxima keep NaN, so a NaN score makes the row NaN as the softmax does;
 // +Inf scores make Inf - Inf = NaN as there; a chunk whose scores are all -Inf while the running
 // maximum is still -Inf weighs 0 (the decomposition's exp(-inf - max) once a finite score comes,
 // and a NaN row through 0 / 0 if none does); rescaling by exp(old - new) = 0 turns an Inf that
-// earlier values put in the accumulator into NaN, as the dense product's 0 * Inf does.
+// earlier values put in the accumulator into NaN, as the dense product's 0 * Inf does. A key a
+// row does not see may be scored with it (it shares the chunk with keys the row sees) but its
+// score is never looked at, and its value never weighed for that row.
 #include "paged_attention.h"
 
 #include <algorithm>
@@ -41,23 +52,29 @@
 namespace dayzero {
 namespace {
 
-constexpr int64_t kChunk = 32;  // keys scored before the running maximum is updated
-constexpr int64_t kHeadTile = 8;  // query heads of one kv head per task
-constexpr int64_t kTokenTile = 8;  // consecutive tokens per task: they share each key chunk
+constexpr int64_t kChunk = 64;     // keys scored before the running maxima are updated
+constexpr int64_t kPanel = 16;     // keys per register-blocked score panel (two AVX vectors)
+constexpr int64_t kHeadTile = 8;   // query heads of one kv head per task
+constexpr int64_t kTokenTile = 32;  // consecutive tokens per task: they share each key chunk
+constexpr int64_t kRows = kHeadTile * kTokenTile;  // rows of one kv head in a task
+constexpr int64_t kTaskRows = 1024;  // rows of all its kv heads: a task takes up to kKvTile ...
+constexpr int64_t kKvTile = 32;     // ... kv heads, so that it reads a slot's rows of them at once
+constexpr int64_t kSplitKeys = 512;  // fewest key positions in a part of a split step
+constexpr int64_t kMinTasks = 32;    // a step with fewer tasks than this splits its keys
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-enum Failure : int { kNone = 0, kBadSequence = 1, kBadSlot = 2 };
+enum Failure : int { kNone = 0, kBadSequence = 1, kBadSlot = 2, kNoMemory = 3 };
 
-// The tasks' query and accumulator rows: one block of kTokenTile x kHeadTile rows per task, in
-// one allocation made before the parallel phase (a task's rows are too large for its stack).
 struct Shared {
   const PagedProblem* p;
   bool vectorized;
+  int64_t parts = 1;  // key parts per task (1: not split, rows go straight to `out`)
   std::atomic<int> failure{kNone};
-  std::vector<float> rows;
-  int64_t task_floats = 0;
-  float* scratch(size_t task) { return rows.data() + task * task_floats; }
+  std::vector<float> partials;  // [parts, tokens, num_heads, v_size + 2] when split
+  float* partial(int64_t part, int64_t t, int64_t h) {
+    return partials.data() + ((part * p->tokens + t) * p->num_heads + h) * (p->v_size + 2);
+  }
 };
 
 // x * cos + rotate_half(x) * sin over one head (rotate_half(x) = concat(-x2, x1)), or a copy.
@@ -75,31 +92,60 @@ inline float MaxKeepNaN(float a, float b) {
   return (std::isnan(a) || std::isnan(b)) ? kNaN : std::max(a, b);
 }
 
-// A chunk's visible rows: up to kChunk key rows and their value rows.
+// A chunk's visible rows: up to kChunk key rows and their value rows, in position order.
 struct Chunk {
   const float* keys[kChunk];
   const float* values[kChunk];
+  int64_t pos[kChunk];
   int64_t n;
+  int64_t key_offset = 0, value_offset = 0;  // floats from a slot's first kv head to this one's
+  const float* key(int64_t i) const { return keys[i] + key_offset; }
+  const float* value(int64_t i) const { return values[i] + value_offset; }
 };
 
-// scores[r][i] = q[r] . keys[i] for the tile's `heads` query rows, without SIMD.
-void ScoreScalar(int64_t heads, float* const* q, const Chunk& c, int64_t size,
-                 float (*scores)[kChunk]) {
-  for (int64_t i = 0; i < c.n; ++i) {
-    for (int64_t r = 0; r < heads; ++r) {
-      float acc = 0.0f;
-      for (int64_t d = 0; d < size; ++d) acc += q[r][d] * c.keys[i][d];
-      scores[r][i] = acc;
+// A task's rows of one kv head: `count` rows (token-major, then query head), each a rotated
+// query row followed by its accumulator, `stride` floats apart, with their softmax states; the
+// chunk's keys transposed, [size][kChunk], values and the rows' scores [kRows][kChunk] (shared
+// by the task's kv heads, which take the chunk in turns).
+struct Rows {
+  float* base;
+  int64_t stride, count;
+  float* kt;
+  float* vt;  // the chunk's value rows, [kChunk][v_size]
+  float* scores;
+  float* peak;  // per row: the running maximum and weight sum
+  float* sum;
+  float* q(int64_t r) const { return base + r * stride; }
+  float* score(int64_t r) const { return scores + r * kChunk; }
+};
+
+// kt[d][i] = keys[i][d] for i < n, 0 for n <= i < padded.
+void PackScalar(const Chunk& c, int64_t size, int64_t padded, float* kt) {
+  for (int64_t d = 0; d < size; ++d) {
+    for (int64_t i = 0; i < c.n; ++i) kt[d * kChunk + i] = c.key(i)[d];
+    for (int64_t i = c.n; i < padded; ++i) kt[d * kChunk + i] = 0.0f;
+  }
+}
+
+// scores[r][i] = q[r] . keys[i] for every row and i < padded, from the packed keys.
+void ScoreScalar(const Rows& rows, int64_t size, int64_t padded) {
+  for (int64_t r = 0; r < rows.count; ++r) {
+    const float* q = rows.q(r);
+    float* s = rows.score(r);
+    std::fill(s, s + padded, 0.0f);
+    for (int64_t d = 0; d < size; ++d) {
+      for (int64_t i = 0; i < padded; ++i) s[i] += q[d] * rows.kt[d * kChunk + i];
     }
   }
 }
 
-// acc[r] += sum over i of probs[r][i] * values[i], without SIMD.
-void WeighScalar(int64_t heads, float* const* acc, const Chunk& c, int64_t v_size,
-                 const float (*probs)[kChunk]) {
-  for (int64_t i = 0; i < c.n; ++i) {
-    for (int64_t r = 0; r < heads; ++r) {
-      for (int64_t d = 0; d < v_size; ++d) acc[r][d] += probs[r][i] * c.values[i][d];
+// acc[r] += sum over i in [lo, hi) of probs[r][i] * values[i], for `count` rows; value row i
+// at vt + i * v_size.
+void WeighScalar(int64_t count, float* const* acc, const float* const* probs, const float* vt,
+                 int64_t lo, int64_t hi, int64_t v_size) {
+  for (int64_t r = 0; r < count; ++r) {
+    for (int64_t i = lo; i < hi; ++i) {
+      for (int64_t d = 0; d < v_size; ++d) acc[r][d] += probs[r][i] * vt[i * v_size + d];
     }
   }
 }
@@ -112,46 +158,157 @@ DZ_PAGED_AVX2 inline float HorizontalSum(__m256 x) {
   return _mm_cvtss_f32(s);
 }
 
-// ScoreScalar for R query rows: each 8 channels of a key are loaded once for all R rows.
-template <int R>
-DZ_PAGED_AVX2 void ScoreAvx2(float* const* q, const Chunk& c, int64_t size,
-                             float (*scores)[kChunk]) {
-  for (int64_t i = 0; i < c.n; ++i) {
-    const float* key = c.keys[i];
-    __m256 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-    int64_t d = 0;
-    for (; d + 8 <= size; d += 8) {
-      const __m256 k = _mm256_loadu_ps(key + d);
-      for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + d), k, acc[r]);
-    }
-    for (int r = 0; r < R; ++r) {
-      float sum = HorizontalSum(acc[r]);
-      for (int64_t e = d; e < size; ++e) sum += q[r][e] * key[e];
-      scores[r][i] = sum;
+DZ_PAGED_AVX2 inline float HorizontalMax(__m256 x) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// PackScalar for a head size that is a multiple of 8: 8 x 8 blocks transposed in registers.
+DZ_PAGED_AVX2 void PackAvx2(const Chunk& c, int64_t size, int64_t padded, float* kt) {
+  for (int64_t i0 = 0; i0 < padded; i0 += 8) {
+    for (int64_t d0 = 0; d0 < size; d0 += 8) {
+      __m256 r[8];
+      for (int64_t j = 0; j < 8; ++j)
+        r[j] = i0 + j < c.n ? _mm256_loadu_ps(c.key(i0 + j) + d0) : _mm256_setzero_ps();
+      __m256 t[8], u[8];
+      for (int j = 0; j < 8; j += 2) {
+        t[j] = _mm256_unpacklo_ps(r[j], r[j + 1]);
+        t[j + 1] = _mm256_unpackhi_ps(r[j], r[j + 1]);
+      }
+      for (int j = 0; j < 8; j += 4) {
+        u[j] = _mm256_shuffle_ps(t[j], t[j + 2], 0x44);
+        u[j + 1] = _mm256_shuffle_ps(t[j], t[j + 2], 0xEE);
+        u[j + 2] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0x44);
+        u[j + 3] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0xEE);
+      }
+      float* dst = kt + d0 * kChunk + i0;
+      for (int j = 0; j < 4; ++j) {
+        _mm256_storeu_ps(dst + j * kChunk, _mm256_permute2f128_ps(u[j], u[j + 4], 0x20));
+        _mm256_storeu_ps(dst + (j + 4) * kChunk, _mm256_permute2f128_ps(u[j], u[j + 4], 0x31));
+      }
     }
   }
 }
 
-// WeighScalar for R rows: 8 output channels of every row stay in registers over the chunk's
-// values, so the output rows are read and written once per chunk, not once per key.
+// Scores of R rows (from r0) against the 16 packed keys from column i0: 2R accumulators.
 template <int R>
-DZ_PAGED_AVX2 void WeighAvx2(float* const* acc, const Chunk& c, int64_t v_size,
-                             const float (*probs)[kChunk]) {
+DZ_PAGED_AVX2 void ScorePanel(const Rows& rows, int64_t r0, int64_t i0, int64_t size) {
+  // named accumulators, not an array: GCC keeps an array of 12 in memory
+  __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0, a2 = a0, b2 = a0, a3 = a0,
+         b3 = a0, a4 = a0, b4 = a0, a5 = a0, b5 = a0;
+  const float* q = rows.q(r0);
+  const int64_t stride = rows.stride;
+  const float* kt = rows.kt + i0;
+  for (int64_t d = 0; d < size; ++d, kt += kChunk) {
+    const __m256 k0 = _mm256_loadu_ps(kt), k1 = _mm256_loadu_ps(kt + 8);
+    const float* qd = q + d;
+    __m256 w = _mm256_broadcast_ss(qd);
+    a0 = _mm256_fmadd_ps(w, k0, a0);
+    b0 = _mm256_fmadd_ps(w, k1, b0);
+    if (R > 1) {
+      w = _mm256_broadcast_ss(qd + stride);
+      a1 = _mm256_fmadd_ps(w, k0, a1);
+      b1 = _mm256_fmadd_ps(w, k1, b1);
+    }
+    if (R > 2) {
+      w = _mm256_broadcast_ss(qd + 2 * stride);
+      a2 = _mm256_fmadd_ps(w, k0, a2);
+      b2 = _mm256_fmadd_ps(w, k1, b2);
+    }
+    if (R > 3) {
+      w = _mm256_broadcast_ss(qd + 3 * stride);
+      a3 = _mm256_fmadd_ps(w, k0, a3);
+      b3 = _mm256_fmadd_ps(w, k1, b3);
+    }
+    if (R > 4) {
+      w = _mm256_broadcast_ss(qd + 4 * stride);
+      a4 = _mm256_fmadd_ps(w, k0, a4);
+      b4 = _mm256_fmadd_ps(w, k1, b4);
+    }
+    if (R > 5) {
+      w = _mm256_broadcast_ss(qd + 5 * stride);
+      a5 = _mm256_fmadd_ps(w, k0, a5);
+      b5 = _mm256_fmadd_ps(w, k1, b5);
+    }
+  }
+  const __m256 out[2 * 6] = {a0, b0, a1, b1, a2, b2, a3, b3, a4, b4, a5, b5};
+  for (int r = 0; r < R; ++r) {
+    _mm256_storeu_ps(rows.score(r0 + r) + i0, out[2 * r]);
+    _mm256_storeu_ps(rows.score(r0 + r) + i0 + 8, out[2 * r + 1]);
+  }
+}
+
+DZ_PAGED_AVX2 void ScoreAvx2(const Rows& rows, int64_t size, int64_t padded) {
+  for (int64_t r0 = 0; r0 < rows.count; r0 += 6) {
+    const int64_t left = std::min<int64_t>(6, rows.count - r0);
+    for (int64_t i0 = 0; i0 < padded; i0 += kPanel) {
+      switch (left) {
+        case 6: ScorePanel<6>(rows, r0, i0, size); break;
+        case 5: ScorePanel<5>(rows, r0, i0, size); break;
+        case 4: ScorePanel<4>(rows, r0, i0, size); break;
+        case 3: ScorePanel<3>(rows, r0, i0, size); break;
+        case 2: ScorePanel<2>(rows, r0, i0, size); break;
+        default: ScorePanel<1>(rows, r0, i0, size); break;
+      }
+    }
+  }
+}
+
+// WeighScalar for R rows: 16 (then 8) output channels of every row stay in registers over the
+// keys, so each value row's channels are loaded once for all R rows.
+template <int R>
+DZ_PAGED_AVX2 void WeighRowsAvx2(float* const* acc, const float* const* probs, const float* vt,
+                                 int64_t lo, int64_t hi, int64_t v_size) {
   int64_t d = 0;
+  for (; d + 16 <= v_size; d += 16) {
+    __m256 sum[R][2];
+    for (int r = 0; r < R; ++r) {
+      sum[r][0] = _mm256_loadu_ps(acc[r] + d);
+      sum[r][1] = _mm256_loadu_ps(acc[r] + d + 8);
+    }
+    for (int64_t i = lo; i < hi; ++i) {
+      const float* value = vt + i * v_size + d;
+      const __m256 v0 = _mm256_loadu_ps(value), v1 = _mm256_loadu_ps(value + 8);
+      for (int r = 0; r < R; ++r) {
+        const __m256 w = _mm256_broadcast_ss(probs[r] + i);
+        sum[r][0] = _mm256_fmadd_ps(w, v0, sum[r][0]);
+        sum[r][1] = _mm256_fmadd_ps(w, v1, sum[r][1]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      _mm256_storeu_ps(acc[r] + d, sum[r][0]);
+      _mm256_storeu_ps(acc[r] + d + 8, sum[r][1]);
+    }
+  }
   for (; d + 8 <= v_size; d += 8) {
     __m256 sum[R];
     for (int r = 0; r < R; ++r) sum[r] = _mm256_loadu_ps(acc[r] + d);
-    for (int64_t i = 0; i < c.n; ++i) {
-      const __m256 v = _mm256_loadu_ps(c.values[i] + d);
+    for (int64_t i = lo; i < hi; ++i) {
+      const __m256 v = _mm256_loadu_ps(vt + i * v_size + d);
       for (int r = 0; r < R; ++r)
-        sum[r] = _mm256_fmadd_ps(_mm256_set1_ps(probs[r][i]), v, sum[r]);
+        sum[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(probs[r] + i), v, sum[r]);
     }
     for (int r = 0; r < R; ++r) _mm256_storeu_ps(acc[r] + d, sum[r]);
   }
   for (; d < v_size; ++d) {
-    for (int64_t i = 0; i < c.n; ++i) {
-      for (int r = 0; r < R; ++r) acc[r][d] += probs[r][i] * c.values[i][d];
+    for (int r = 0; r < R; ++r) {
+      for (int64_t i = lo; i < hi; ++i) acc[r][d] += probs[r][i] * vt[i * v_size + d];
+    }
+  }
+}
+
+DZ_PAGED_AVX2 void WeighAvx2(int64_t count, float* const* acc, const float* const* probs,
+                             const float* vt, int64_t lo, int64_t hi, int64_t v_size) {
+  for (int64_t r0 = 0; r0 < count; r0 += 6) {
+    switch (std::min<int64_t>(6, count - r0)) {
+      case 6: WeighRowsAvx2<6>(acc + r0, probs + r0, vt, lo, hi, v_size); break;
+      case 5: WeighRowsAvx2<5>(acc + r0, probs + r0, vt, lo, hi, v_size); break;
+      case 4: WeighRowsAvx2<4>(acc + r0, probs + r0, vt, lo, hi, v_size); break;
+      case 3: WeighRowsAvx2<3>(acc + r0, probs + r0, vt, lo, hi, v_size); break;
+      case 2: WeighRowsAvx2<2>(acc + r0, probs + r0, vt, lo, hi, v_size); break;
+      default: WeighRowsAvx2<1>(acc + r0, probs + r0, vt, lo, hi, v_size); break;
     }
   }
 }
@@ -197,34 +354,64 @@ DZ_PAGED_AVX2 float ExpWeightsAvx2(float* s, int64_t n, float peak) {
   return sum;
 }
 
-using ScoreFn = void (*)(float* const*, const Chunk&, int64_t, float (*)[kChunk]);
-using WeighFn = void (*)(float* const*, const Chunk&, int64_t, const float (*)[kChunk]);
-// Indexed by the tile's number of query heads, 1 to kHeadTile.
-static_assert(kHeadTile == 8, "one ScoreAvx2 and WeighAvx2 per tile size");
-constexpr ScoreFn kScoreAvx2[kHeadTile + 1] = {
-    nullptr, ScoreAvx2<1>, ScoreAvx2<2>, ScoreAvx2<3>, ScoreAvx2<4>,
-    ScoreAvx2<5>, ScoreAvx2<6>, ScoreAvx2<7>, ScoreAvx2<8>};
-constexpr WeighFn kWeighAvx2[kHeadTile + 1] = {
-    nullptr, WeighAvx2<1>, WeighAvx2<2>, WeighAvx2<3>, WeighAvx2<4>,
-    WeighAvx2<5>, WeighAvx2<6>, WeighAvx2<7>, WeighAvx2<8>};
+// s[i] *= scale for i < n, returning max(start, the s[i]) with NaN kept.
+DZ_PAGED_AVX2 float ScaleMaxAvx2(float* s, int64_t n, float scale, float start) {
+  const __m256 k = _mm256_set1_ps(scale);
+  __m256 top = _mm256_set1_ps(kNegInf), nan = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_mul_ps(_mm256_loadu_ps(s + i), k);
+    _mm256_storeu_ps(s + i, x);
+    top = _mm256_max_ps(top, x);
+    nan = _mm256_or_ps(nan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  }
+  float result = MaxKeepNaN(start, HorizontalMax(top));
+  if (_mm256_movemask_ps(nan)) result = kNaN;
+  for (; i < n; ++i) result = MaxKeepNaN(result, s[i] *= scale);
+  return result;
+}
 #endif
 
-void Score(bool vectorized, int64_t heads, float* const* q, const Chunk& c, int64_t size,
-           float (*scores)[kChunk]) {
+void Pack(bool vectorized, const Chunk& c, int64_t size, int64_t padded, float* kt) {
 #if DZ_PAGED_X86
-  if (vectorized) return kScoreAvx2[heads](q, c, size, scores);
+  if (vectorized && size % 8 == 0) return PackAvx2(c, size, padded, kt);
 #endif
   (void)vectorized;
-  ScoreScalar(heads, q, c, size, scores);
+  PackScalar(c, size, padded, kt);
 }
 
-void Weigh(bool vectorized, int64_t heads, float* const* acc, const Chunk& c, int64_t v_size,
-           const float (*probs)[kChunk]) {
+void Score(bool vectorized, const Rows& rows, int64_t size, int64_t padded) {
 #if DZ_PAGED_X86
-  if (vectorized) return kWeighAvx2[heads](acc, c, v_size, probs);
+  if (vectorized) return ScoreAvx2(rows, size, padded);
 #endif
   (void)vectorized;
-  WeighScalar(heads, acc, c, v_size, probs);
+  ScoreScalar(rows, size, padded);
+}
+
+void Weigh(bool vectorized, int64_t count, float* const* acc, const float* const* probs,
+           const float* vt, int64_t lo, int64_t hi, int64_t v_size) {
+#if DZ_PAGED_X86
+  if (vectorized) return WeighAvx2(count, acc, probs, vt, lo, hi, v_size);
+#endif
+  (void)vectorized;
+  WeighScalar(count, acc, probs, vt, lo, hi, v_size);
+}
+
+// s[i] = s[i] * scale, then softcapped; returns max(start, the s[i]) with NaN kept.
+float ScaleMax(bool vectorized, float* s, int64_t n, float scale, float softcap, float start) {
+  if (softcap == 0.0f) {
+#if DZ_PAGED_X86
+    if (vectorized) return ScaleMaxAvx2(s, n, scale, start);
+#endif
+  }
+  (void)vectorized;
+  float top = start;
+  for (int64_t i = 0; i < n; ++i) {
+    s[i] *= scale;
+    if (softcap != 0.0f) s[i] = std::tanh(s[i] / softcap) * softcap;
+    top = MaxKeepNaN(top, s[i]);
+  }
+  return top;
 }
 
 // w[i] = exp(s[i] - peak), or 0 when peak is -inf (exp(-inf - -inf) would be NaN: a chunk
@@ -290,15 +477,16 @@ inline void Prefetch(const float* row, int64_t floats) {
   for (int64_t b = 0; b < floats * 4; b += 64) __builtin_prefetch(bytes + b, 0, 1);
 }
 
-// Prefetches the key and value rows of slots [first, last) of kv head g (the next chunk, while
-// this one is computed); slots that Locate refuses are skipped here and reported there.
+// Prefetches the key and value rows of slots [first, last) of kv heads [g, g + kvs) (the next
+// chunk, while this one is computed); slots that Locate refuses are skipped here and reported
+// there.
 void PrefetchChunk(const PagedProblem& p, const int64_t* slots, int64_t first, int64_t last,
-                   int64_t g) {
+                   int64_t g, int64_t kvs) {
   for (int64_t j = first; j < last; ++j) {
     const float *key, *value;
     if (slots[j] != -1 && Locate(p, slots[j], g, &key, &value)) {
-      Prefetch(key, p.head_size);
-      Prefetch(value, p.v_size);
+      Prefetch(key, kvs * p.head_size);
+      Prefetch(value, kvs * p.v_size);
     }
   }
 }
@@ -311,136 +499,261 @@ inline int64_t TokenBlocks(const PagedProblem& p) {
   return (p.tokens + kTokenTile - 1) / kTokenTile;
 }
 
-// One token's rows of a task: its up to kHeadTile query heads' queries, accumulators and
-// online-softmax state, and the key positions [begin, end) of its sequence it sees.
-struct TokenRows {
-  float* q[kHeadTile];
-  float* acc[kHeadTile];
-  float peak[kHeadTile], sum[kHeadTile];
-  int64_t begin, end;
-  float* out;
+// Kv heads per task: as many as keep its rows within kTaskRows.
+inline int64_t KvTile(const PagedProblem& p) {
+  const int64_t heads = std::min(kHeadTile, p.num_heads / p.kv_heads);
+  return std::min({p.kv_heads, kKvTile, std::max<int64_t>(1, kTaskRows / (kTokenTile * heads))});
+}
+
+// Rows of one kv head in a task.
+inline int64_t ViewRows(const PagedProblem& p) {
+  return kTokenTile * std::min(kHeadTile, p.num_heads / p.kv_heads);
+}
+
+inline int64_t KvBlocks(const PagedProblem& p) {
+  return (p.kv_heads + KvTile(p) - 1) / KvTile(p);
+}
+
+// The entries [lo, hi) of a chunk (ordered by position) whose positions fall in [begin, end).
+inline void VisibleRange(const Chunk& c, int64_t begin, int64_t end, int64_t* lo, int64_t* hi) {
+  int64_t a = 0, b = c.n;
+  while (a < c.n && c.pos[a] < begin) ++a;
+  while (b > a && c.pos[b - 1] >= end) --b;
+  *lo = a;
+  *hi = b;
+}
+
+// The online softmax step of row r over entries [lo, hi) of the chunk's scores: scale and
+// softcap them, raise the running maximum (rescaling what was accumulated), weigh them.
+void Softmax(const Shared& k, Rows& rows, int64_t r, int64_t lo, int64_t hi) {
+  const PagedProblem& p = *k.p;
+  float* s = rows.score(r) + lo;
+  const float top = ScaleMax(k.vectorized, s, hi - lo, p.scale, p.softcap, rows.peak[r]);
+  if (!(top == rows.peak[r])) {  // a new maximum, or NaN: rescale what was accumulated
+    const float alpha = std::exp(rows.peak[r] - top);
+    float* acc = rows.q(r) + p.head_size;
+    for (int64_t d = 0; d < p.v_size; ++d) acc[d] *= alpha;
+    rows.sum[r] *= alpha;
+    rows.peak[r] = top;
+  }
+  rows.sum[r] += ExpWeights(k.vectorized, s, hi - lo, rows.peak[r]);
+}
+
+// One chunk (at one kv head) for a run's tokens, whose rows are `heads` apiece and each see
+// entries [lo[t], hi[t]) of it: score every row, then each token's rows take their part;
+// tokens seeing the same part are weighed together.
+void AttendChunk(const Shared& k, Rows& rows, int64_t heads, const Chunk& c, const int64_t* lo,
+                 const int64_t* hi) {
+  const PagedProblem& p = *k.p;
+  const int64_t tokens = rows.count / heads;
+  const int64_t padded = (c.n + kPanel - 1) / kPanel * kPanel;
+  Pack(k.vectorized, c, p.head_size, padded, rows.kt);
+  for (int64_t i = 0; i < c.n; ++i)  // contiguous: the rows, a slot's width apart, share L1 sets
+    std::copy(c.value(i), c.value(i) + p.v_size, rows.vt + i * p.v_size);
+  Score(k.vectorized, rows, p.head_size, padded);
+  for (int64_t t0 = 0; t0 < tokens;) {
+    int64_t t1 = t0 + 1;
+    while (t1 < tokens && lo[t1] == lo[t0] && hi[t1] == hi[t0]) ++t1;
+    if (lo[t0] < hi[t0]) {
+      float* acc[kRows];
+      const float* probs[kRows];
+      for (int64_t r = t0 * heads; r < t1 * heads; ++r) {
+        Softmax(k, rows, r, lo[t0], hi[t0]);
+        acc[r - t0 * heads] = rows.q(r) + p.head_size;
+        probs[r - t0 * heads] = rows.score(r);
+      }
+      Weigh(k.vectorized, (t1 - t0) * heads, acc, probs, rows.vt, lo[t0], hi[t0], p.v_size);
+    }
+    t0 = t1;
+  }
+}
+
+// A task's view of one kv head: its rows, and the query heads [first, first + heads) they are.
+struct KvRows {
+  Rows rows;
+  int64_t first;
 };
 
-// The entries of `chunk` (visible slots in key-position order, positions in `pos`) that fall in
-// [begin, end): a contiguous range, since both are ordered by position.
-inline Chunk Visible(const Chunk& chunk, const int64_t* pos, int64_t begin, int64_t end) {
-  int64_t lo = 0, hi = chunk.n;
-  while (lo < chunk.n && pos[lo] < begin) ++lo;
-  while (hi > lo && pos[hi - 1] >= end) --hi;
-  Chunk part;
-  part.n = hi - lo;
-  for (int64_t i = 0; i < part.n; ++i) {
-    part.keys[i] = chunk.keys[lo + i];
-    part.values[i] = chunk.values[lo + i];
-  }
-  return part;
-}
-
-// Online softmax of one token's rows over the visible part of a chunk.
-void AttendChunk(const Shared& k, const PagedProblem& p, int64_t heads, TokenRows& rows,
-                 const Chunk& part) {
-  float scores[kHeadTile][kChunk];
-  const int64_t n = part.n, v_size = p.v_size;
-  Score(k.vectorized, heads, rows.q, part, p.head_size, scores);
-  for (int64_t r = 0; r < heads; ++r) {
-    for (int64_t i = 0; i < n; ++i) {
-      scores[r][i] *= p.scale;
-      if (p.softcap != 0.0f) scores[r][i] = std::tanh(scores[r][i] / p.softcap) * p.softcap;
-    }
-    float top = rows.peak[r];
-    for (int64_t i = 0; i < n; ++i) top = MaxKeepNaN(top, scores[r][i]);
-    if (!(top == rows.peak[r])) {  // a new maximum, or NaN: rescale what was accumulated
-      const float alpha = std::exp(rows.peak[r] - top);
-      for (int64_t d = 0; d < v_size; ++d) rows.acc[r][d] *= alpha;
-      rows.sum[r] *= alpha;
-      rows.peak[r] = top;
-    }
-    rows.sum[r] += ExpWeights(k.vectorized, scores[r], n, rows.peak[r]);
-  }
-  Weigh(k.vectorized, heads, rows.acc, part, v_size, scores);
-}
-
-// Tokens [t0, t1) of one sequence, their `heads` query heads from `first` (sharing kv head g):
-// the keys of the union of their visible ranges are walked once, chunk by chunk, and each token
-// attends to the part of a chunk it sees (so a prompt chunk's tokens read each key row from
-// memory once, not once per token; a hidden key is never read for a row that does not see it).
-// False when a slot is outside the pool and the step's tokens.
-bool AttendRun(const Shared& k, const PagedProblem& p, int64_t t0, int64_t t1, int64_t g,
-               int64_t first, int64_t heads, float* scratch) {
-  const int64_t size = p.head_size, v_size = p.v_size;
-  const int64_t* slots = p.seq_slots + p.token_seq[t0] * p.length;
-  TokenRows rows[kTokenTile];
-  int64_t begin = p.length, end = 0;
+// Starts each row of tokens [t0, t1) at kv head view `view`: its rotated query, a zero
+// accumulator, no maximum yet.
+void StartRows(const PagedProblem& p, int64_t t0, int64_t t1, int64_t heads, KvRows& view) {
+  const int64_t size = p.head_size;
+  view.rows.count = (t1 - t0) * heads;
   for (int64_t t = t0; t < t1; ++t) {
-    TokenRows& row = rows[t - t0];
-    const int64_t seen = p.token_len[t];
-    row.end = std::min(seen, p.length);
-    row.begin = p.window > 0 ? std::max<int64_t>(0, seen - p.window) : 0;
-    begin = std::min(begin, row.begin);
-    end = std::max(end, row.end);
-    row.out = p.out + (t * p.num_heads + first) * v_size;
     const float* c = p.cos ? p.cos + t * size : nullptr;
     const float* s = p.sin ? p.sin + t * size : nullptr;
-    for (int64_t r = 0; r < heads; ++r) {
-      // rows packed at their own width: a 4 kB stride would put them in the same L1 sets
-      row.q[r] = scratch + ((t - t0) * kHeadTile + r) * (size + v_size);
-      row.acc[r] = row.q[r] + size;
-      RotateHead(p.q + (t * p.num_heads + first + r) * size, c, s, size, row.q[r]);
-      std::fill(row.acc[r], row.acc[r] + v_size, 0.0f);
-      row.peak[r] = kNegInf;
-      row.sum[r] = 0.0f;
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t r = (t - t0) * heads + h;
+      float* q = view.rows.q(r);
+      RotateHead(p.q + (t * p.num_heads + view.first + h) * size, c, s, size, q);
+      std::fill(q + size, q + size + p.v_size, 0.0f);
+      view.rows.peak[r] = kNegInf;
+      view.rows.sum[r] = 0.0f;
     }
+  }
+}
+
+// Writes the rows of tokens [t0, t1) to `out`, or their running state to the partials when
+// the step is split.
+void FinishRows(Shared& k, int64_t t0, int64_t t1, int64_t heads, int64_t part,
+                const KvRows& view) {
+  const PagedProblem& p = *k.p;
+  const int64_t v_size = p.v_size;
+  for (int64_t t = t0; t < t1; ++t) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t r = (t - t0) * heads + h;
+      const float* acc = view.rows.q(r) + p.head_size;
+      if (k.parts > 1) {
+        float* keep = k.partial(part, t, view.first + h);
+        std::copy(acc, acc + v_size, keep);
+        keep[v_size] = view.rows.peak[r];
+        keep[v_size + 1] = view.rows.sum[r];
+        continue;
+      }
+      float* out = p.out + (t * p.num_heads + view.first + h) * v_size;
+      const float inv = 1.0f / view.rows.sum[r];  // Inf when nothing weighed: 0 * Inf is NaN
+      for (int64_t d = 0; d < v_size; ++d) out[d] = acc[d] * inv;
+    }
+  }
+}
+
+// Tokens [t0, t1) of one sequence, at the task's `kvs` kv heads from g0 (`heads` query heads
+// each), over part `part` of the union of their visible keys: the keys are walked once, chunk
+// by chunk (so a prompt chunk's tokens read each key row from memory once, not once per token,
+// and a slot's rows of the task's kv heads are read together). False when a slot is outside the
+// pool and the step's tokens.
+bool AttendRun(Shared& k, int64_t t0, int64_t t1, int64_t g0, int64_t kvs, int64_t heads,
+               int64_t part, KvRows* views) {
+  const PagedProblem& p = *k.p;
+  const int64_t* slots = p.seq_slots + p.token_seq[t0] * p.length;
+  int64_t begin[kTokenTile], end[kTokenTile], lo = p.length, hi = 0;
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t seen = p.token_len[t];
+    end[t - t0] = std::min(seen, p.length);
+    begin[t - t0] = p.window > 0 ? std::max<int64_t>(0, seen - p.window) : 0;
+    lo = std::min(lo, begin[t - t0]);
+    hi = std::max(hi, end[t - t0]);
+  }
+  for (int64_t i = 0; i < kvs; ++i) StartRows(p, t0, t1, heads, views[i]);
+  if (k.parts > 1 && hi > lo) {  // this part of the union's positions
+    const int64_t width = hi - lo;
+    hi = lo + width * (part + 1) / k.parts;
+    lo = lo + width * part / k.parts;
   }
   Chunk chunk;
-  int64_t pos[kChunk];
-  PrefetchChunk(p, slots, begin, std::min(begin + kChunk, end), g);
-  for (int64_t j0 = begin; j0 < end; j0 += kChunk) {
-    PrefetchChunk(p, slots, j0 + kChunk, std::min(j0 + 2 * kChunk, end), g);
+  int64_t from[kTokenTile], to[kTokenTile];
+  PrefetchChunk(p, slots, lo, std::min(lo + kChunk, hi), g0, kvs);
+  for (int64_t j0 = lo; j0 < hi; j0 += kChunk) {
+    PrefetchChunk(p, slots, j0 + kChunk, std::min(j0 + 2 * kChunk, hi), g0, kvs);
     chunk.n = 0;
-    for (int64_t j = j0; j < std::min(j0 + kChunk, end); ++j) {
+    for (int64_t j = j0; j < std::min(j0 + kChunk, hi); ++j) {
       if (slots[j] == -1) continue;  // padding: hidden
-      if (!Locate(p, slots[j], g, &chunk.keys[chunk.n], &chunk.values[chunk.n])) return false;
-      pos[chunk.n++] = j;
+      if (!Locate(p, slots[j], g0, &chunk.keys[chunk.n], &chunk.values[chunk.n])) return false;
+      chunk.pos[chunk.n++] = j;
     }
-    for (int64_t t = t0; t < t1; ++t) {
-      const Chunk part = Visible(chunk, pos, rows[t - t0].begin, rows[t - t0].end);
-      if (part.n > 0) AttendChunk(k, p, heads, rows[t - t0], part);
+    bool seen = false;
+    for (int64_t t = 0; t < t1 - t0; ++t) {
+      VisibleRange(chunk, begin[t], end[t], &from[t], &to[t]);
+      seen = seen || from[t] < to[t];
+    }
+    if (!seen) continue;
+    for (int64_t i = 0; i < kvs; ++i) {
+      chunk.key_offset = i * p.head_size;
+      chunk.value_offset = i * p.v_size;
+      AttendChunk(k, views[i].rows, heads, chunk, from, to);
     }
   }
-  for (int64_t t = t0; t < t1; ++t) {
-    const TokenRows& row = rows[t - t0];
-    for (int64_t r = 0; r < heads; ++r) {
-      const float inv = 1.0f / row.sum[r];  // Inf when no key weighed anything: 0 * Inf is NaN
-      for (int64_t d = 0; d < v_size; ++d) row.out[r * v_size + d] = row.acc[r][d] * inv;
-    }
-  }
+  for (int64_t i = 0; i < kvs; ++i) FinishRows(k, t0, t1, heads, part, views[i]);
   return true;
 }
 
-// Phase 2: a block of up to kTokenTile consecutive tokens, kv head g, a tile of up to kHeadTile
-// of its query heads; the block's tokens are taken run by run of one sequence (AttendRun).
+// The thread's buffer for a task's rows, packed keys and values and scores (kept between
+// calls: each call's tasks need the same size, about 1 MB for head sizes up to 128).
+float* TaskBuffer(const PagedProblem& p) {
+  thread_local std::vector<float> buffer;
+  const int64_t rows = KvTile(p) * ViewRows(p);  // each: query, accumulator, maximum and sum
+  const size_t floats = static_cast<size_t>(rows * (p.head_size + p.v_size + 2) +
+                                            (p.head_size + p.v_size + kRows) * kChunk);
+  if (buffer.size() < floats) buffer.resize(floats);
+  return buffer.data();
+}
+
+// Phase 2: part `part` of a block of up to kTokenTile consecutive tokens, a block of up to
+// KvTile kv heads, a tile of up to kHeadTile of their query heads; the block's tokens are taken
+// run by run of one sequence.
 void Attend(void* data, size_t index) noexcept {
   Shared& k = *static_cast<Shared*>(data);
   const PagedProblem& p = *k.p;
-  const int64_t tiles = Tiles(p), group = p.num_heads / p.kv_heads;
-  const int64_t block = static_cast<int64_t>(index) / (p.kv_heads * tiles);
-  const int64_t g = static_cast<int64_t>(index) / tiles % p.kv_heads;
-  const int64_t first = g * group + static_cast<int64_t>(index) % tiles * kHeadTile;
-  const int64_t heads = std::min(kHeadTile, (g + 1) * group - first);
+  const int64_t tiles = Tiles(p), group = p.num_heads / p.kv_heads, kv_blocks = KvBlocks(p);
+  const int64_t part = static_cast<int64_t>(index) % k.parts;
+  const int64_t task = static_cast<int64_t>(index) / k.parts;
+  const int64_t block = task / (kv_blocks * tiles), tile = task % tiles;
+  const int64_t g0 = task / tiles % kv_blocks * KvTile(p);
+  const int64_t kvs = std::min(KvTile(p), p.kv_heads - g0);
+  const int64_t heads = std::min(kHeadTile, group - tile * kHeadTile);
   const int64_t t_end = std::min(p.tokens, (block + 1) * kTokenTile);
-  float* scratch = k.scratch(index);
+  float* buffer;
+  try {
+    buffer = TaskBuffer(p);
+  } catch (const std::bad_alloc&) {
+    return Fail(k, kNoMemory);
+  }
+  KvRows views[kKvTile];
+  const int64_t stride = p.head_size + p.v_size;
+  float* kt = buffer + KvTile(p) * ViewRows(p) * stride;
+  for (int64_t i = 0; i < kvs; ++i) {
+    views[i].first = (g0 + i) * group + tile * kHeadTile;
+    views[i].rows.base = buffer + i * ViewRows(p) * stride;
+    views[i].rows.stride = stride;
+    views[i].rows.kt = kt;  // the kv heads take turns with the packed keys and the scores
+    views[i].rows.vt = kt + p.head_size * kChunk;
+    views[i].rows.scores = views[i].rows.vt + p.v_size * kChunk;
+    views[i].rows.peak = views[i].rows.scores + kRows * kChunk + 2 * i * ViewRows(p);
+    views[i].rows.sum = views[i].rows.peak + ViewRows(p);
+  }
   for (int64_t t0 = block * kTokenTile; t0 < t_end;) {
     const int64_t seq = p.token_seq[t0];
     int64_t t1 = t0 + 1;
     while (t1 < t_end && p.token_seq[t1] == seq) ++t1;
     if (seq < 0 || seq >= p.sequences) {
       Fail(k, kBadSequence);
-      for (int64_t t = t0; t < t1; ++t)
-        std::fill_n(p.out + (t * p.num_heads + first) * p.v_size, heads * p.v_size, kNaN);
-    } else if (!AttendRun(k, p, t0, t1, g, first, heads, scratch)) {
+      for (int64_t i = 0; i < kvs; ++i) {
+        for (int64_t t = t0; t < t1; ++t) {
+          for (int64_t h = views[i].first; h < views[i].first + heads; ++h) {
+            float* row = k.parts > 1 ? k.partial(part, t, h)
+                                     : p.out + (t * p.num_heads + h) * p.v_size;
+            std::fill_n(row, p.v_size + (k.parts > 1 ? 2 : 0), kNaN);
+          }
+        }
+      }
+    } else if (!AttendRun(k, t0, t1, g0, kvs, heads, part, views)) {
       return Fail(k, kBadSlot);
     }
     t0 = t1;
+  }
+}
+
+// Phase 3 of a split step: token t's rows from its parts' states, each part rescaled to the
+// overall maximum as the chunks of one walk are (a NaN maximum makes the row NaN).
+void Combine(void* data, size_t index) noexcept {
+  Shared& k = *static_cast<Shared*>(data);
+  const PagedProblem& p = *k.p;
+  const int64_t t = static_cast<int64_t>(index), v_size = p.v_size;
+  for (int64_t h = 0; h < p.num_heads; ++h) {
+    float top = kNegInf;
+    for (int64_t part = 0; part < k.parts; ++part)
+      top = MaxKeepNaN(top, k.partial(part, t, h)[v_size]);
+    float* out = p.out + (t * p.num_heads + h) * v_size;
+    std::fill(out, out + v_size, 0.0f);
+    float sum = 0.0f;
+    for (int64_t part = 0; part < k.parts; ++part) {
+      const float* state = k.partial(part, t, h);
+      const float alpha = state[v_size] == top ? 1.0f : std::exp(state[v_size] - top);
+      for (int64_t d = 0; d < v_size; ++d) out[d] += alpha * state[d];
+      sum += alpha * state[v_size + 1];
+    }
+    const float inv = 1.0f / sum;  // Inf when no key weighed anything: 0 * Inf is NaN
+    for (int64_t d = 0; d < v_size; ++d) out[d] *= inv;
   }
 }
 
@@ -451,6 +764,12 @@ bool Vectorized() {
 #else
   return false;
 #endif
+}
+
+// Parts per task: 1, or enough to make kMinTasks tasks of at least kSplitKeys positions each.
+int64_t Parts(const PagedProblem& p, int64_t tasks) {
+  if (tasks >= kMinTasks) return 1;
+  return std::max<int64_t>(1, std::min(p.length / kSplitKeys, (kMinTasks + tasks - 1) / tasks));
 }
 
 }  // namespace
@@ -479,20 +798,26 @@ const char* PagedAttention(const PagedProblem& p, ParallelFor parallel_for, void
   Shared k;
   k.p = &p;
   k.vectorized = Vectorized();
-  const int64_t tasks = TokenBlocks(p) * p.kv_heads * Tiles(p);
-  k.task_floats = kTokenTile * kHeadTile * (p.head_size + p.v_size);
-  try {
-    k.rows.resize(static_cast<size_t>(tasks * k.task_floats));
-  } catch (const std::bad_alloc&) {
-    return "out of memory for the attention's query and accumulator rows";
+  const int64_t tasks = TokenBlocks(p) * KvBlocks(p) * Tiles(p);
+  k.parts = Parts(p, tasks);
+  if (k.parts > 1) {
+    try {
+      k.partials.resize(static_cast<size_t>(k.parts * p.tokens * p.num_heads * (p.v_size + 2)));
+    } catch (const std::bad_alloc&) {
+      return "out of memory for the attention's partial rows";
+    }
   }
   parallel_for(runner, NewKeysAndValues, &k, static_cast<size_t>(p.tokens));
-  parallel_for(runner, Attend, &k, static_cast<size_t>(tasks));
+  parallel_for(runner, Attend, &k, static_cast<size_t>(tasks * k.parts));
+  if (k.parts > 1 && k.failure.load() != kBadSlot && k.failure.load() != kNoMemory)
+    parallel_for(runner, Combine, &k, static_cast<size_t>(p.tokens));
   switch (k.failure.load()) {
     case kBadSequence:
       return "a token's sequence (token_seq) is not a row of seq_slots";
     case kBadSlot:
       return "a visible slot of seq_slots is outside the pool or this step's tokens";
+    case kNoMemory:
+      return "out of memory for a thread's attention rows";
     default:
       return nullptr;
   }

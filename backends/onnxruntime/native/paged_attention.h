@@ -4,7 +4,9 @@
 // The decomposition gathers every token's [L, kv_heads, head_size] keys and values and scores a
 // [T, kv_heads, group, L] tensor: for a decode step against a long cache that is mostly copies.
 // This kernel reads each visible key and value where it lives (a pool slot or this step's new
-// token) and keeps an online softmax per (token, query head), so nothing of size T x L exists.
+// token) and keeps an online softmax per (token, query head), so nothing of size T x L exists;
+// a step of few tokens splits each one's keys into parts (a decode step would leave threads
+// idle), whose softmax states are then combined.
 //
 // It knows nothing of ONNX Runtime: the caller passes the tensors and a parallel-for.
 #pragma once
@@ -55,7 +57,9 @@ const char* PagedAttentionCheck(const PagedProblem& p);
 // nothing.
 //
 // Non-finite numbers follow the decomposition: a hidden key (past token_len, before the window,
-// or slot -1) is never read, whatever lies in its slot; a NaN or +Inf score makes its row NaN; a
+// or slot -1) never reaches a row, whatever lies in its slot (slot -1 and keys no token of the
+// step sees are never read; a key one token sees may be scored with the rows of a neighbouring
+// token that does not, and that score is never used); a NaN or +Inf score makes its row NaN; a
 // -Inf score weighs 0; a NaN or Inf in a visible value reaches the rows that see it, in its
 // channel (0 * Inf is NaN when its weight underflows). A row with no visible key is NaN, as the
 // softmax of a row of -inf is.
