@@ -55,7 +55,7 @@ def compile(model, example_inputs: tuple, out: str | Path = "model.dz",
         if is_image_text(model):  # vision encoder compiled now, the language step below
             _check_destinations(Path(out), force, dump_ir)
             model, example_inputs, dynamic_shapes, vision_files, vision = prepare(
-                model, example_inputs, dynamic_shapes, backend=backend, config=config,
+                compile, model, example_inputs, dynamic_shapes, backend=backend, config=config,
                 checkpoint=checkpoint, log=log, folder=tokenizer)
         example_inputs, dynamic_shapes = generation_inputs(example_inputs, dynamic_shapes)
     files = {**(tokenizer_files(tokenizer) if eos is not None else {}), **vision_files}

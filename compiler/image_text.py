@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -123,12 +124,11 @@ def example_inputs(full: torch.nn.Module, ids: torch.Tensor, processor: dict[str
     return (ids, rows, mask), (pixels,)
 
 
-def compile_vision(full: torch.nn.Module, pixels: torch.Tensor, backend: str, config: Any,
-                   checkpoint: Any, log: Any) -> tuple[dict[str, bytes], list[int]]:
-    """The vision encoder compiled as a forward artifact: its files under `vision/`, and its
-    output shape [1, patches, hidden]."""
-    from .driver import compile
-
+def compile_vision(compile: Callable[..., Path], full: torch.nn.Module, pixels: torch.Tensor,
+                   backend: str, config: Any, checkpoint: Any, log: Any
+                   ) -> tuple[dict[str, bytes], list[int]]:
+    """The vision encoder compiled (by the driver's `compile`) as a forward artifact: its
+    files under `vision/`, and its output shape [1, patches, hidden]."""
     with tempfile.TemporaryDirectory(prefix="dayzero-vision-") as tmp:
         path = compile(VisionEncoder(full).eval(), (pixels,), out=Path(tmp) / "vision.dz",
                        backend=backend, config=config, checkpoint=checkpoint, log=log)
@@ -167,14 +167,16 @@ def generation_dynamic_shapes(dynamic_shapes: Any) -> Any:
     return ({1: seq}, {1: seq}, {1: seq})
 
 
-def prepare(full: torch.nn.Module, example: tuple, dynamic_shapes: Any, *, backend: str,
-            config: Any, checkpoint: Any, log: Any, folder: str | Path | None):
+def prepare(compile: Callable[..., Path], full: torch.nn.Module, example: tuple,
+            dynamic_shapes: Any, *, backend: str, config: Any, checkpoint: Any, log: Any,
+            folder: str | Path | None):
     """Compile the vision encoder; return what the language step is compiled from: the
     module, its example inputs and dynamic shapes, the vision files and manifest section."""
     processor = processor_config(folder)
     step_inputs, vision_inputs = example_inputs(full, example[0], processor)
     dynamic = generation_dynamic_shapes(dynamic_shapes)
     with log.stage("vision encoder", f"{type(full.model.vision_tower).__name__} + projector"):
-        files, shape = compile_vision(full, *vision_inputs, backend, config, checkpoint, log)
+        files, shape = compile_vision(compile, full, *vision_inputs, backend, config,
+                                      checkpoint, log)
     return LanguageStep(full).eval(), step_inputs, dynamic, files, \
         vision_section(full, shape, processor)

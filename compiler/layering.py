@@ -117,7 +117,7 @@ FLOORS: tuple[Floor, ...] = (
               "the YAML config, checked"),
     )),
     Floor("driver", (
-        Layer("driver", ("compiler.driver", "compiler.generation"),
+        Layer("driver", ("compiler.driver", "compiler.generation", "compiler.image_text"),
               ("config", "frontend", "pass catalogue", "artifact writer"),
               "compile(): export -> passes -> lower -> write"),
     )),

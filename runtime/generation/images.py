@@ -235,7 +235,7 @@ def _triple(value: Any, where: str, key: str, positive: bool = False
             ) -> tuple[float, float, float]:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         value = [value] * 3
-    if not isinstance(value, list) or len(value) != 3:
+    if not isinstance(value, (list, tuple)) or len(value) != 3:
         raise _bad(where, key, f"is {value!r}, not three numbers (one per channel)")
     a, b, c = (_number(v, where, key, positive) for v in value)
     return a, b, c

@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -86,13 +87,15 @@ class VisionEncoder:
                                                     f"{where}.processor")
         self.path = step_model.path / section["artifact"]
         self._model = None
+        self._lock = threading.Lock()  # a server encodes images on several threads
 
     @property
     def model(self):
-        if self._model is None:  # loaded at the first image
-            from ..model import load
+        with self._lock:
+            if self._model is None:  # loaded at the first image
+                from ..model import load
 
-            self._model = load(self.path)
+                self._model = load(self.path)
         return self._model
 
     def pixels(self, image: Any, field: str) -> np.ndarray:

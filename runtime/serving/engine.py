@@ -108,7 +108,8 @@ class Engine:
         sampling = request.sampling
         rng = np.random.default_rng([sampling.seed, 0]) if sampling.seed is not None else None
         sequence = Sequence(list(request.prompt_ids), request.max_tokens, sampling,
-                            frozenset(int(t) for t in self.model.spec.eos_token_ids), rng)
+                            frozenset(int(t) for t in self.model.spec.eos_token_ids), rng,
+                            images=request.images)
         job = Job(request, sequence, TextStream(self.model.tokenizer, request.stop), loop)
         self.metrics.prompt_tokens.inc(len(request.prompt_ids))
         self.inbox.put(("add", job))

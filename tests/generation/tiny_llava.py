@@ -100,3 +100,26 @@ def image_bytes(fmt: str = "PNG", size: tuple[int, int] = (45, 37), seed: int = 
     buf = io.BytesIO()
     image.save(buf, format=fmt)
     return buf.getvalue()
+
+
+def compile_folder(root: Path) -> tuple[Path, torch.nn.Module]:
+    """The tiny LLaVA folder under `root` compiled as `dayzero compile FOLDER` does (128
+    positions); returns the artifact and the transformers model."""
+    from compiler.cli import main
+
+    model = checkpoint_folder(root / "ckpt")
+    out = root / "llava.dz"
+    assert main(["compile", str(root / "ckpt"), "-o", str(out), "--seq-len", "2:128",
+                 "-q"]) == 0
+    return out, model
+
+
+def expanded_ids(messages: list, folder: Path) -> list[int]:
+    """transformers' ids of chat `messages`: the template rendered, `<image>` expanded to
+    IMAGE_TOKENS tokens as LlavaProcessor expands it, then tokenized."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    text = text.replace(IMAGE_TOKEN, IMAGE_TOKEN * IMAGE_TOKENS)
+    return tok(text, add_special_tokens=False)["input_ids"]
