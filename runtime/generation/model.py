@@ -32,7 +32,7 @@ from .scheduler import Sequence as Request
 from .spec import GenerationSpec
 from .step import StepPart
 from .tokenizer import ArtifactTokenizer, load_tokenizer
-from .vision import VisionEncoder, image_feeds, split_messages
+from .vision import ImageRows, VisionEncoder, image_feeds, split_messages
 
 
 class GenerationModel:
@@ -95,17 +95,21 @@ class GenerationModel:
         return self.tokenizer
 
     # -- the prefill forward ----------------------------------------------------------------
-    def __call__(self, input_ids: Any) -> tuple[np.ndarray]:
-        """Logits [batch, seq, vocab] for every position, as the exported forward returns."""
+    def __call__(self, input_ids: Any, image_embeds: Any = None,
+                 image_mask: Any = None) -> tuple[np.ndarray]:
+        """Logits [batch, seq, vocab] for every position, as the exported forward returns (an
+        image-text artifact's forward also takes image rows [batch, seq, hidden] and their
+        mask [batch, seq]; without them, no token is an image's)."""
         ids = np.asarray(to_numpy(input_ids))
         prompts = Prompts.from_ids(ids, None, self.spec)
+        images = _forward_images(ids, image_embeds, image_mask)
         runner = self.runner
         rows = []
-        for tokens in prompts.rows:
+        for row, tokens in enumerate(prompts.rows):
             runner.allocator.grow("forward", len(tokens))
             try:
                 table = runner.allocator.tables["forward"]
-                part = StepPart(np.asarray(tokens, np.int64), 0, table)
+                part = StepPart(np.asarray(tokens, np.int64), 0, table, images=images[row])
                 rows.append(self._all_logits(part))
             finally:
                 runner.allocator.release("forward")
@@ -199,6 +203,22 @@ class GenerationModel:
             for request in requests:  # an abandoned stream frees its blocks
                 if not request.finished:
                     scheduler.cancel(request)
+
+
+def _forward_images(ids: np.ndarray, embeds: Any, mask: Any) -> list:
+    """Each row's ImageRows of the prefill forward's `image_embeds` and `image_mask`."""
+    batch = 1 if ids.ndim == 1 else ids.shape[0]
+    if embeds is None and mask is None:
+        return [None] * batch
+    embeds = np.asarray(to_numpy(embeds), np.float32)
+    mask = np.asarray(to_numpy(mask)).astype(bool)
+    if embeds.ndim != 3 or mask.shape != embeds.shape[:2] \
+            or mask.shape != ids.reshape(batch, -1).shape:
+        raise InputError(f"image_embeds {list(embeds.shape)} and image_mask "
+                         f"{list(mask.shape)} do not match input_ids {list(ids.shape)}",
+                         "image_embeds", "pass [batch, seq, hidden] rows and a [batch, seq] "
+                         "mask")
+    return [ImageRows(np.flatnonzero(m).astype(np.int64), e[m]) for e, m in zip(embeds, mask)]
 
 
 def _images(pixel_values: Any, images: Sequence[Any] | None) -> list | None:

@@ -179,3 +179,21 @@ def test_an_image_on_a_text_only_model_names_the_part(compiled):
     assert info.value.where == "messages[0].content[1].image_url"
     with pytest.raises(InputError, match="text-only"):
         model.generate([[1, 3]], max_new_tokens=2, images=[image_bytes()])
+
+
+def test_the_prefill_forward_takes_image_rows_as_exported(compiled):
+    artifact, hf, _ = compiled
+    model = runtime.load(artifact)
+    assert [s.name for s in model.input_specs] == ["input_ids", "image_embeds", "image_mask"]
+    ids = torch.tensor([_prompt()])
+    pixels = _pixels(image_bytes("PNG", seed=4))
+    with torch.no_grad():
+        want = hf(input_ids=ids, pixel_values=pixels).logits.numpy()
+        features = hf.get_image_features(pixel_values=pixels, vision_feature_layer=-2,
+                                         vision_feature_select_strategy="default",
+                                         return_dict=True).pooler_output[0].numpy()
+    mask = ids.numpy() == IMAGE_TOKEN_ID
+    rows = np.zeros((*ids.shape, 64), np.float32)
+    rows[mask] = features
+    got = model(ids.numpy(), rows, mask)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
