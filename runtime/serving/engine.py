@@ -180,6 +180,8 @@ class Engine:
         self.scheduler.add(warm)
         for _ in self.scheduler.run():
             pass
+        if getattr(self.model, "vision", None) is not None:
+            _ = self.model.vision.model  # the vision encoder, loaded before /health says ok
         log.info("warmed up: vocabulary %d, context %d, KV cache %d blocks", spec.vocab_size,
                  spec.max_positions, self.scheduler.allocator.num_blocks)
         self._gauges()
