@@ -133,9 +133,7 @@ def compile_vision(compile: Callable[..., Path], full: torch.nn.Module, pixels: 
         path = compile(VisionEncoder(full).eval(), (pixels,), out=Path(tmp) / "vision.dz",
                        backend=backend, config=config, checkpoint=checkpoint, log=log)
         if checkpoint is not None:  # the language step streams the shards afresh
-            from .checkpoint import StreamStats
-
-            checkpoint.reader.stats = StreamStats()
+            checkpoint.reader.stats = type(checkpoint.reader.stats)()
         manifest = json.loads((path / "manifest.json").read_text())
         files = {f"{VISION_DIR}/{p.relative_to(path).as_posix()}": p.read_bytes()
                  for p in sorted(path.rglob("*")) if p.is_file()}
