@@ -24,6 +24,7 @@ import numpy as np
 
 from compiler.errors import ArtifactError, InputError
 
+from ..to_numpy import to_numpy
 from .images import MAX_ENCODED_BYTES, ImageProcessor
 from .step import StepPart
 
@@ -56,9 +57,8 @@ def image_feeds(parts: Sequence[StepPart], hidden: int, dtype: Any = np.float32
     offset = 0
     for part in parts:
         n = len(part.tokens)
-        images = getattr(part, "images", None)
-        if images is not None:
-            where, values = images.window(part.start, n)
+        if part.images is not None:
+            where, values = part.images.window(part.start, n)
             mask[0, offset:offset + n] = where
             rows[0, offset:offset + n][where] = values
         offset += n
@@ -102,8 +102,7 @@ class VisionEncoder:
         """[3, H, W] pixel values of `image`: encoded bytes, or pixel values already made."""
         if isinstance(image, (bytes, bytearray)):
             return self.processor(bytes(image), field)
-        array = np.asarray(getattr(image, "numpy", lambda: image)() if hasattr(image, "numpy")
-                           else image)
+        array = np.asarray(to_numpy(image))
         want = (3, *self.processor.output_size)
         if array.shape != want or array.dtype.kind != "f":
             raise InputError(f"{field} is {array.dtype}{list(array.shape)}, not float pixel "

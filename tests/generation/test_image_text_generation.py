@@ -197,3 +197,21 @@ def test_the_prefill_forward_takes_image_rows_as_exported(compiled):
     rows[mask] = features
     got = model(ids.numpy(), rows, mask)[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_prompt_chunks_that_split_the_image_tokens(compiled):
+    # prefill chunks of 5 tokens cut the 16 image tokens in four places: each chunk feeds the
+    # rows of its own image tokens
+    from runtime.generation.scheduler import Scheduler, Sequence
+
+    artifact, hf, _ = compiled
+    model = runtime.load(artifact)
+    data = image_bytes("PNG", seed=9)
+    ids = _prompt(3)
+    rows = model.vision.place([ids], model.vision.features([data]))[0]
+    scheduler = Scheduler(model.runner, max_batch_tokens=8, prefill_chunk=5)
+    seq = Sequence(list(ids), NEW, images=rows)
+    scheduler.add(seq)
+    for _ in scheduler.run():
+        pass
+    assert seq.generated == _hf_new(hf, ids, _pixels(data))
