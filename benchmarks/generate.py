@@ -90,7 +90,10 @@ def weight_bytes(folder: Path) -> tuple[int, int]:
 
 
 # -- builds (each timed cold, in a fresh process) ---------------------------------------------
-def build_dayzero(folder: Path, out: Path, max_positions: int, int4: bool) -> float:
+def build_dayzero(folder: Path, out: Path, max_positions: int, int4: bool,
+                  reuse: bool = False) -> float:
+    """Compiled cold in a fresh process; an artifact left by an earlier run is rebuilt unless
+    `reuse` (it may come from older code: a stale artifact once hid a fusion fix)."""
     config = out.with_suffix(".yaml")
     lines = ["generation: {kv_cache_memory: 1GiB, prefill_chunk: 512, max_batch_tokens: 2048}"]
     if int4:
@@ -99,7 +102,7 @@ def build_dayzero(folder: Path, out: Path, max_positions: int, int4: bool) -> fl
     return _timed_command([sys.executable, "-m", "compiler.cli", "compile", str(folder), "-o",
                            str(out), "--seq-len", f"2:{max_positions}", "--config", str(config),
                            "--force", "-q", "--backend-option",
-                           f"session.intra_op_threads={THREADS}"], out)
+                           f"session.intra_op_threads={THREADS}"], out, reuse)
 
 
 def build_genai(folder: Path, out: Path, precision: str) -> float | None:
@@ -115,8 +118,8 @@ def build_genai(folder: Path, out: Path, precision: str) -> float | None:
     return seconds
 
 
-def _timed_command(command: list[str], product: Path) -> float:
-    if product.exists():
+def _timed_command(command: list[str], product: Path, reuse: bool = True) -> float:
+    if reuse and product.exists():
         return float("nan")  # built by an earlier run: no cold time
     start = time.perf_counter()
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=_env())
@@ -354,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
                         "--context up to it)")
     p.add_argument("--workdir", default="/tmp/dayzero-generate-bench")
     p.add_argument("--skip-int4", action="store_true")
+    p.add_argument("--reuse-builds", action="store_true",
+                   help="run dayzero artifacts an earlier run left in --workdir (not cold)")
     p.add_argument("--skip-peers", action="store_true")
     p.add_argument("--plot", default="generate-context.png")
     p.add_argument("--child", nargs=5, metavar=("PEER", "PATH", "CONTEXT", "NEW", "BATCH"))
@@ -380,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
     for peer, path in paths.items():
         try:
             if peer.startswith("dayzero"):
-                builds[peer] = build_dayzero(folder, path, positions, peer.endswith("int4"))
+                builds[peer] = build_dayzero(folder, path, positions, peer.endswith("int4"),
+                                             args.reuse_builds)
             elif peer.startswith("genai"):
                 builds[peer] = build_genai(folder, path, peer.split("-")[1])
         except Exception as exc:  # a peer that cannot build is reported, not fatal

@@ -605,7 +605,8 @@ def build(args) -> tuple[Path, Path, object]:
     positions = args.max_positions
     folder = gen.make_checkpoint(work / f"llama-150m-{positions}", positions)
     artifact = work / f"dayzero-{positions}.dz"
-    seconds = gen.build_dayzero(folder, artifact, positions, int4=False)
+    seconds = gen.build_dayzero(folder, artifact, positions, int4=False,
+                              reuse=args.reuse_build)
     print(f"  checkpoint {folder}; artifact {artifact} "
           + (f"(built in {seconds:.0f} s)" if not math.isnan(seconds) else "(reused)"))
     return folder, artifact, gen
@@ -708,6 +709,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cancel-fraction", type=float, default=0.25)
     p.add_argument("--compare-static", action="store_true",
                    help="also transformers' and ORT GenAI's static batches of 8")
+    p.add_argument("--reuse-build", action="store_true",
+                   help="serve the artifact an earlier run left in --workdir (not rebuilt)")
     p.add_argument("--skip-single", action="store_true",
                    help="skip the in-process one-at-a-time run (and the verdicts)")
     args = p.parse_args(argv)

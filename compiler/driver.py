@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .config import CompileConfig, load_config
 from .errors import DayzeroError
 from .ir import Graph, symbolic
 from .ir.ops.collective import COMMUNICATION_OPS
 from .log import SILENT, StageLog
+
+if TYPE_CHECKING:
+    from .frontend.refine import RefineState
 
 
 def compile(model, example_inputs: tuple, out: str | Path = "model.dz",
@@ -20,7 +23,8 @@ def compile(model, example_inputs: tuple, out: str | Path = "model.dz",
             log: StageLog | None = None, checkpoint: Any = None,
             fallback: str | None = None, report: Callable[[str], None] | None = None,
             backend_options: Mapping[str, Any] | None = None, task: str = "forward",
-            tokenizer: str | Path | None = None) -> Path:
+            tokenizer: str | Path | None = None, static_sizes: Sequence[int] | None = None,
+            _bundle: tuple[dict[str, bytes], dict[str, Any]] | None = None) -> Path:
     """Compile `model` into an artifact directory at `out` and return its path.
 
     `passes` (a pipeline string) overrides the config's `passes:`; `dump_ir` writes the IR after
@@ -34,8 +38,14 @@ def compile(model, example_inputs: tuple, out: str | Path = "model.dz",
     `task="text-generation"` compiles a causal LM (input_ids -> logits) into a generation
     artifact: a KV-cached step over a paged cache (compiler/generation.py); it carries the
     tokenizer of the folder `tokenizer` (default: the checkpoint folder), when it has one.
+    Dynamic shapes torch.export refuses are retried with torch's suggested ranges and relations
+    (the log and the manifest's `export_refinements` say what was compiled); a dim the model
+    fixes to a constant is compiled at `static_sizes` (default: the example's size and its
+    nearest powers of two) into one artifact whose runtime model picks the size that fits
+    (compiler/static_sizes.py).
     """
     from .frontend import export
+    from .frontend.refine import RefineState, SpecializedDims
     from .generation import check_task, eos_token_ids, generation_inputs, tokenizer_files
 
     log = log or SILENT
@@ -44,15 +54,19 @@ def compile(model, example_inputs: tuple, out: str | Path = "model.dz",
     _refuse_unimplemented(cfg)
     eos, vision, vision_files = None, None, {}
     if task == "text-generation":
-        if _world_size(cfg) > 1:
-            raise DayzeroError("a partitioned generation artifact is not supported yet",
-                               "parallel", "compile for generation on one device")
+        from .generation import check_parallel
+
+        check_parallel(cfg.parallel)
         eos = eos_token_ids(model)
         if tokenizer is None and checkpoint is not None:
             tokenizer = checkpoint.layout.root
         from .image_text import is_image_text, prepare
 
         if is_image_text(model):  # vision encoder compiled now, the language step below
+            if _world_size(cfg) > 1:
+                raise DayzeroError("a partitioned image-text generation artifact is not "
+                                   "supported yet", "parallel",
+                                   "compile the image-text model for one device")
             _check_destinations(Path(out), force, dump_ir)
             model, example_inputs, dynamic_shapes, vision_files, vision = prepare(
                 compile, model, example_inputs, dynamic_shapes, backend=backend, config=config,
@@ -62,24 +76,63 @@ def compile(model, example_inputs: tuple, out: str | Path = "model.dz",
     target = _backend(backend)
     out = Path(out)
     _check_destinations(out, force, dump_ir)  # before the minutes of export and passes
+    refined, specialized, refinements = RefineState(), None, None
     with log.stage("export"):
-        graph = export(model, example_inputs, dynamic_shapes=dynamic_shapes)
-        log.line(f"  {len(graph.nodes)} nodes, {len(graph.weights)} weights")
-        aliases = symbol_aliases(graph, dynamic_shapes)
-        if aliases:
-            log.line("  size symbols: " + ", ".join(f"{sym} ({name})"
-                                                    for name, sym in aliases.items()))
+        try:
+            graph = export(model, example_inputs, dynamic_shapes=dynamic_shapes, refined=refined)
+        except SpecializedDims as exc:
+            if _bundle is not None or checkpoint is not None or eos is not None \
+                    or len(exc.sizes) != 1:
+                raise
+            specialized = exc
+        else:
+            log.line(f"  {len(graph.nodes)} nodes, {len(graph.weights)} weights")
+            aliases = symbol_aliases(graph, refined_shapes(dynamic_shapes, refined))
+            if aliases:
+                log.line("  size symbols: " + ", ".join(f"{sym} ({name})"
+                                                        for name, sym in aliases.items()))
+            if refined.refinements:
+                refinements = _log_refinements(graph, refined, aliases, log)
+    if specialized is not None:
+        from .static_sizes import compile_sizes
+
+        return compile_sizes(compile, model, example_inputs, dynamic_shapes, specialized, out,
+                             static_sizes, log, backend=backend, config=config, passes=passes,
+                             force=force, fallback=fallback, report=report,
+                             backend_options=backend_options)
+    manifest = dict(_bundle[1]) if _bundle is not None else {}
+    if refinements is not None:
+        manifest["export_refinements"] = refinements
+    files = {**files, **(_bundle[0] if _bundle is not None else {})}
     if checkpoint is None:
         return lower_and_write(graph, out, target, cfg, passes=passes, dump_ir=dump_ir,
                                force=force, log=log, fallback=fallback, report=report,
                                aliases=aliases, eos_token_ids=eos, extra_files=files,
-                               vision=vision)
+                               manifest_extra=manifest, vision=vision)
     graph = checkpoint.bind(graph, log)
     with checkpoint.streaming(log) as progress:
         return lower_and_write(graph, out, target, cfg, passes=passes, dump_ir=dump_ir,
                                force=force, log=log, progress=progress, fallback=fallback,
                                report=report, aliases=aliases, eos_token_ids=eos,
-                               extra_files=files, vision=vision)
+                               extra_files=files, manifest_extra=manifest, vision=vision)
+
+
+def refined_shapes(dynamic_shapes: Any, refined: RefineState) -> Any:
+    """The spec the export ran with: the user's, or the last refined one."""
+    return refined.dynamic_shapes if refined.dynamic_shapes is not None else dynamic_shapes
+
+
+def _log_refinements(graph: Graph, refined: RefineState, aliases: Mapping[str, str],
+                     log: StageLog) -> dict[str, Any]:
+    """Tell the user which fixes were applied and the ranges compiled; the manifest entry."""
+    ranges = {name: [lo, hi] for name, (lo, hi) in sorted(graph.symbols.items())}
+    fixes = [r.fix for r in refined.refinements]
+    names = {sym: f" ({name})" for name, sym in aliases.items()}
+    shown = ", ".join(f"{sym}{names.get(sym, '')} in [{lo}, {'inf' if hi is None else hi}]"
+                      for sym, (lo, hi) in ranges.items()) or "none (all static)"
+    log.line(f"  torch.export refused the dynamic shapes as given; applied its suggested fixes: "
+             f"{'; '.join(fixes)}; compiled ranges: {shown}")
+    return {"fixes": fixes, "ranges": ranges}
 
 
 def symbol_aliases(graph: Graph, dynamic_shapes: Any) -> dict[str, str]:
@@ -125,6 +178,7 @@ def lower_and_write(graph: Graph, out: Path, target, cfg: CompileConfig, *,
                     aliases: Mapping[str, str] | None = None,
                     eos_token_ids: list[int] | None = None,
                     extra_files: Mapping[str, bytes] | None = None,
+                    manifest_extra: Mapping[str, Any] | None = None,
                     vision: Mapping[str, Any] | None = None) -> Path:
     """Run the pipeline on an exported graph and write the artifact for `target`.
 
@@ -152,7 +206,8 @@ def lower_and_write(graph: Graph, out: Path, target, cfg: CompileConfig, *,
         from .generation import cache_dtype, forward_signature, generation_pipeline
 
         forward = forward_signature(graph, value_spec)
-        pipeline = generation_pipeline(pipeline, get_pass, cache_dtype(cfg))
+        pipeline = generation_pipeline(pipeline, get_pass, cache_dtype(cfg),
+                                       cfg.parallel.get("tensor_parallel", 1))
     manager = PassManager(pipeline, dump_dir=dump_ir, log=log.line)
     before = op_counts(graph)  # passes change the graph in place
     with log.stage("passes", format_pipeline(pipeline)):
@@ -174,7 +229,8 @@ def lower_and_write(graph: Graph, out: Path, target, cfg: CompileConfig, *,
             generation["vision"] = dict(vision)
     if _world_size(cfg) > 1:
         return _write_partitioned(graph, out, target, cfg, format_pipeline(pipeline),
-                                  dump_ir=dump_ir, force=force, log=log, aliases=aliases)
+                                  dump_ir=dump_ir, force=force, log=log, aliases=aliases,
+                                  generation=generation, extra_files=extra_files)
     fallback_target = _backend(fallback) if fallback else None
     _check_symbolic_shapes(graph, target, fallback_target)
     # fused ops a backend has no kernel for run as their decomposition into primitive ops, on
@@ -182,7 +238,7 @@ def lower_and_write(graph: Graph, out: Path, target, cfg: CompileConfig, *,
     decompose_unsupported(graph, target.supports)
     _check_supported(graph, target, fallback=fallback_target)
     options = _lower_options(cfg, target.name, fallback)
-    extra = {"pipeline": format_pipeline(pipeline),
+    extra = {**(manifest_extra or {}), "pipeline": format_pipeline(pipeline),
              "config": {"parallel": cfg.parallel, "precision": cfg.precision,
                         "quantize": cfg.quantize}}
     if aliases:
@@ -272,8 +328,13 @@ def _world_size(cfg: CompileConfig) -> int:
 
 def _write_partitioned(graph: Graph, out: Path, target, cfg: CompileConfig, pipeline: str, *,
                        dump_ir, force: bool, log: StageLog,
-                       aliases: Mapping[str, str] | None = None) -> Path:
-    """Partition over the `parallel:` mesh and write one graph and weight shards per rank."""
+                       aliases: Mapping[str, str] | None = None,
+                       generation: dict[str, Any] | None = None,
+                       extra_files: Mapping[str, bytes] | None = None) -> Path:
+    """Partition over the `parallel:` mesh and write one graph and weight shards per rank.
+
+    A generation step (`generation`, its manifest section) keeps its KV cache sharded: each
+    rank's graph reads and returns only its own KV heads (passes/parallel/kv_cache_shards.py)."""
     from compiler.writer import write_artifact
     from passes.parallel import Mesh
     from passes.parallel.partition import partition
@@ -283,6 +344,10 @@ def _write_partitioned(graph: Graph, out: Path, target, cfg: CompileConfig, pipe
     with log.stage("partition", str(mesh)):
         plan = partition(graph, mesh, dump_dir=Path(dump_ir) / "parallel" if dump_ir else None,
                          log=log.line)
+        if generation is not None:
+            from passes.parallel.kv_cache_shards import keep_cache_local
+
+            keep_cache_local(plan)
         layout = plan.manifest()
         for stage in layout["stages"]:
             log.line(f"  stage {stage['stage']}: nodes {stage['nodes']}, cost {stage['cost']}")
@@ -293,13 +358,16 @@ def _write_partitioned(graph: Graph, out: Path, target, cfg: CompileConfig, pipe
                         "quantize": cfg.quantize}}
     if aliases:
         extra["symbol_aliases"] = dict(aliases)
+    if generation is not None:
+        extra["generation"] = generation
     with log.stage("lower+write", f"backend {target.name}, {mesh.world_size} ranks -> {out}"):
         total = sum(int(getattr(t, "nbytes", 0)) for r in plan.ranks
                     for t in r.graph.weight_data.values())
         try:
             path = write_artifact(out, plan.graph, target, options=cfg.options_for(target.name),
                                   force=force, manifest_extra=extra,
-                                  progress=log.progress(total, "weights"), ranks=plan.ranks)
+                                  progress=log.progress(total, "weights"), ranks=plan.ranks,
+                                  extra_files=extra_files)
         except OSError as exc:
             raise _write_error(exc, out) from exc
     log.line(f"wrote {path}")

@@ -28,6 +28,17 @@ def check_task(task: str) -> None:
         raise DayzeroError(f"unknown task {task!r}", "task", f"use one of {', '.join(TASKS)}")
 
 
+def check_parallel(parallel: dict[str, int]) -> None:
+    """A generation artifact may be tensor parallel (heads and KV cache split over ranks that
+    step together); data and pipeline parallelism have no generation runtime."""
+    for key in ("data_parallel", "pipeline_parallel"):
+        if parallel.get(key, 1) != 1:
+            raise DayzeroError(f"config key 'parallel.{key}' = {parallel[key]}: a generation "
+                               "artifact is split over ranks by tensor parallelism only",
+                               f"parallel.{key}", "remove it; use parallel.tensor_parallel "
+                               "(or run one generation artifact per device for data parallel)")
+
+
 def generation_inputs(example_inputs: tuple, dynamic_shapes: Any) -> tuple[tuple, Any]:
     """The example inputs cut to one prompt (a step's batch axis is its tokens): the first row
     of `input_ids`, with the sequence dim kept dynamic."""
@@ -45,17 +56,22 @@ def generation_inputs(example_inputs: tuple, dynamic_shapes: Any) -> tuple[tuple
     return (ids, *example_inputs[1:]), (dims, *dynamic_shapes[1:])
 
 
-def generation_pipeline(pipeline: list, get_pass, kv_cache_dtype: str = "f32") -> list:
+def generation_pipeline(pipeline: list, get_pass, kv_cache_dtype: str = "f32",
+                        tensor_parallel: int = 1) -> list:
     """`pipeline` with `derive_generation_step` (and the `fuse` it needs: it pages whole
-    attention blocks) before memory planning, which must see the step graph."""
+    attention blocks) before memory planning, which must see the step graph. Tensor parallel,
+    `fuse` keeps the projections apart (no merged QKV, gated MLP or linear epilogue): the
+    partitioner splits plain linears, column and row parallel."""
     import dataclasses
 
     # a backend may keep attention blocks unfused for its own kernels (triton: heads=false)
-    pipeline = [dataclasses.replace(p, heads=True) if p.name == "fuse" else p for p in pipeline]
+    split = {"mlp": False, "horizontal": False, "epilogue": False} if tensor_parallel > 1 else {}
+    pipeline = [dataclasses.replace(p, heads=True, **split) if p.name == "fuse" else p
+                for p in pipeline]
     names = [p.name for p in pipeline]
     cut = next((i for i, n in enumerate(names) if n in ("plan_memory", "schedule_for_memory")),
                len(pipeline))
-    extra = [] if "fuse" in names[:cut] else [get_pass("fuse")()]
+    extra = [] if "fuse" in names[:cut] else [get_pass("fuse")(**split)]
     derive = get_pass("derive_generation_step")(kv_cache_dtype=kv_cache_dtype)
     return [*pipeline[:cut], *extra, derive, *pipeline[cut:]]
 

@@ -240,7 +240,8 @@ def _depth(value: Any) -> int:
 
 _KEY_TYPES = {"backend": str, "inputs": list, "outputs": list, "symbols": dict, "files": dict,
               "parallel": dict, "graph": str}
-_OPTIONAL_KEY_TYPES = {"backend_options": dict, "memory_plan": dict, "generation": dict}
+_OPTIONAL_KEY_TYPES = {"backend_options": dict, "memory_plan": dict, "generation": dict,
+                       "static_sizes": dict, "export_refinements": dict}
 
 
 def _check_keys(manifest: dict[str, Any], path: Path) -> None:

@@ -58,6 +58,16 @@ class CompiledModel:
 
     def __call__(self, *inputs: Any) -> tuple[np.ndarray, ...]:
         arrays, values = prepare_inputs(self.input_specs, inputs, self.index_ranges)
+        return self._run(arrays, values)
+
+    def with_fixed_inputs(self, fixed: Mapping[str, Any]) -> FixedInputsModel:
+        """This model with the inputs named in `fixed` bound once: they are validated now, and
+        each call passes (by name) and validates only the others. For inputs passed unchanged
+        call after call, such as a generation step's KV-cache pools: their arrays may change
+        in place, never in shape or dtype."""
+        return FixedInputsModel(self, fixed)
+
+    def _run(self, arrays: list[np.ndarray], values: dict[str, int]) -> tuple[np.ndarray, ...]:
         outputs = tuple(to_numpy(y) for y in self._executable(arrays))
         self._check_outputs(outputs)
         check_output_shapes(self.output_specs, outputs, values, f"backend {self.backend.name}")
@@ -81,6 +91,37 @@ class CompiledModel:
             if out.dtype != dtype:
                 raise RuntimeError(f"backend {self.backend.name} returned {out.dtype} for output "
                                    f"'{spec.name}', which is {spec.dtype}")
+
+
+class FixedInputsModel:
+    """`CompiledModel.with_fixed_inputs`: some inputs validated once, the rest per call."""
+
+    def __init__(self, model: CompiledModel, fixed: Mapping[str, Any]):
+        names = [spec.name for spec in model.input_specs]
+        unknown = sorted(set(fixed) - set(names))
+        if unknown:
+            raise InputError(f"the model has no input(s) {', '.join(unknown)}", "fixed inputs",
+                             f"its inputs are {', '.join(names)}")
+        self.model = model
+        fixed_specs = [s for s in model.input_specs if s.name in fixed]
+        arrays, self._known = prepare_inputs(fixed_specs, [fixed[s.name] for s in fixed_specs],
+                                             model.index_ranges)
+        self._fixed = {spec.name: array for spec, array in zip(fixed_specs, arrays)}
+        self.free_specs = [s for s in model.input_specs if s.name not in fixed]
+
+    def __call__(self, **inputs: Any) -> tuple[np.ndarray, ...]:
+        missing = [s.name for s in self.free_specs if s.name not in inputs]
+        extra = sorted(set(inputs) - {s.name for s in self.free_specs})
+        if missing or extra:
+            raise InputError(f"missing input(s) {missing}, unexpected {extra}", "model inputs",
+                             f"pass exactly {', '.join(s.name for s in self.free_specs)}")
+        arrays, values = prepare_inputs(self.free_specs, [inputs[s.name] for s in
+                                                          self.free_specs],
+                                        self.model.index_ranges, self._known)
+        given = dict(zip((s.name for s in self.free_specs), arrays))
+        ordered = [given[s.name] if s.name in given else self._fixed[s.name]
+                   for s in self.model.input_specs]
+        return self.model._run(ordered, values)
 
 
 class _CheckedView:
@@ -128,23 +169,42 @@ def load(path: str | Path, verify: str = "full", *,
     collectives and ignores it.
     A generation artifact gives a `runtime.generation.GenerationModel` (`generate`, `stream`,
     `generate_text`); `kv_cache_memory` (bytes or "2GiB") overrides its compiled cache size.
+    An artifact compiled at several static sizes of one dim (the manifest's `static_sizes`)
+    gives a `runtime.sized.SizedModel`, which runs the size the inputs have.
     """
     from .distributed import load_partitioned, partitioned_world
 
     if partitioned_world(path) > 1:
+        from .distributed import read_manifest
+
+        manifest = read_manifest(Path(path))
+        if manifest.get("generation") is not None and not session:
+            from .generation.ranks import load_tensor_parallel
+
+            return load_tensor_parallel(path, manifest, verify=verify, timeout=timeout,
+                                        kv_cache_memory=_cache_memory(kv_cache_memory))
         if session:
             raise DayzeroError("session settings cannot be overridden for a partitioned "
                                "artifact yet", str(path),
                                "compile with backend_options session settings instead")
         return load_partitioned(path, verify=verify, timeout=timeout)
     model = CompiledModel(open_artifact(path, verify=verify), session=session)
+    if model.manifest.get("static_sizes") is not None:
+        from .sized import SizedModel
+
+        return SizedModel(model, verify, session,
+                          lambda artifact, ses: CompiledModel(artifact, session=ses))
     if model.manifest.get("generation") is None:
         return model
     from .generation.model import GenerationModel
+
+    return GenerationModel(model, kv_cache_memory=_cache_memory(kv_cache_memory))
+
+
+def _cache_memory(kv_cache_memory: int | str | None) -> int | None:
     from .generation.spec import parse_bytes
 
-    memory = None if kv_cache_memory is None else parse_bytes(kv_cache_memory, "kv_cache_memory")
-    return GenerationModel(model, kv_cache_memory=memory)
+    return None if kv_cache_memory is None else parse_bytes(kv_cache_memory, "kv_cache_memory")
 
 
 def _load_executable(backend: backends.Backend, artifact: Artifact,

@@ -23,13 +23,15 @@ from .to_numpy import to_numpy
 
 
 def prepare_inputs(specs: Sequence[TensorSpec], inputs: Sequence[Any],
-                   index_ranges: Mapping[str, IndexRange] | None = None
+                   index_ranges: Mapping[str, IndexRange] | None = None,
+                   known: Mapping[str, int] | None = None
                    ) -> tuple[list[np.ndarray], dict[str, int]]:
     """The inputs (numpy arrays or torch tensors) as C-ordered native-byte-order numpy arrays,
-    validated; returns them and the symbol values."""
+    validated; returns them and the symbol values (`known`: those other inputs, validated
+    earlier, already bound)."""
     # not np.ascontiguousarray: it turns a 0-d input into shape [1]
     arrays = [native_byte_order(np.asarray(to_numpy(x), order="C")) for x in inputs]
-    return arrays, validate_inputs(specs, arrays, index_ranges)
+    return arrays, validate_inputs(specs, arrays, index_ranges, known)
 
 
 def native_byte_order(array: np.ndarray) -> np.ndarray:
@@ -41,15 +43,19 @@ def native_byte_order(array: np.ndarray) -> np.ndarray:
 
 
 def validate_inputs(specs: Sequence[TensorSpec], arrays: Sequence[np.ndarray],
-                    index_ranges: Mapping[str, IndexRange] | None = None) -> dict[str, int]:
+                    index_ranges: Mapping[str, IndexRange] | None = None,
+                    known: Mapping[str, int] | None = None) -> dict[str, int]:
     """Raise InputError at the first input that breaks its spec; returns the symbol values.
 
-    `index_ranges` gives the inputs that index a weight table the values they may hold."""
+    `index_ranges` gives the inputs that index a weight table the values they may hold;
+    `known` the symbol values of inputs validated before (`CompiledModel.with_fixed_inputs`)."""
     if len(arrays) != len(specs):
         names = ", ".join(s.name for s in specs)
         raise InputError(f"the model takes {len(specs)} input(s) ({names}), got {len(arrays)}",
                          "model inputs", f"pass exactly: {'; '.join(str(s) for s in specs)}")
-    bound: dict[str, tuple[int, str]] = {}  # symbol -> (value, which dim set it)
+    # symbol -> (value, which dim set it)
+    bound: dict[str, tuple[int, str]] = {name: (value, "the fixed inputs")
+                                         for name, value in (known or {}).items()}
     for spec, array in zip(specs, arrays):
         _check_dtype(spec, array)
         _check_rank(spec, array)
@@ -59,6 +65,7 @@ def validate_inputs(specs: Sequence[TensorSpec], arrays: Sequence[np.ndarray],
     for spec, array in zip(specs, arrays):
         for axis, (dim, size) in enumerate(zip(spec.shape, array.shape)):
             if isinstance(dim, str) and dim not in spec.ranges:
+                _bind_affine(spec, axis, dim, int(size), values)
                 _check_expression(spec, axis, dim, int(size), values)
     for spec, array in zip(specs, arrays):
         if index_ranges and spec.name in index_ranges:
@@ -107,6 +114,29 @@ def _check_dim(spec: TensorSpec, axis: int, dim, size: int,
                          f"the model was compiled for {dim} {allowed}; recompile with a wider "
                          "range to go beyond it")
     bound[dim] = (size, where)
+
+
+def _bind_affine(spec: TensorSpec, axis: int, dim: str, size: int,
+                 values: dict[str, int]) -> None:
+    """Bind the one symbol of an affine dim no input has bare (`2*s0`: torch.export's derived
+    Dim `seq = 2*_seq`): s0 = (size - c) / a must be a whole number in the symbol's range."""
+    free = dim_symbols(dim) - set(values)
+    if len(free) != 1 or not dim_symbols(dim) - free <= set(values):
+        return
+    sym = next(iter(free))
+    at = [eval_dim(dim, {**values, sym: k}) for k in (0, 1, 2)]
+    a, c = at[1] - at[0], at[0]
+    if a <= 0 or at[2] != 2 * a + c:
+        return  # not affine in the symbol: nothing to solve
+    lo, hi = spec.ranges.get(sym, (0, None))
+    value, rest = divmod(size - c, a)
+    if rest or value < lo or (hi is not None and value > hi):
+        where = f"input '{spec.name}' dim {axis}"
+        allowed = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
+        raise InputError(f"{where} is {size} but must be {dim} for a whole {sym} {allowed}",
+                         where, f"pass a size {dim} with {sym} {allowed} (the model was "
+                         f"compiled for that relation)")
+    values[sym] = value
 
 
 def _check_expression(spec: TensorSpec, axis: int, dim: str, size: int,

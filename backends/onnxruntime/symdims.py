@@ -24,20 +24,41 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class SymbolSource:
-    """Where a size symbol can be read at run time: dim `axis` of graph input `input`."""
+    """Where a size symbol can be read at run time: dim `axis` of graph input `input`, which is
+    `scale * symbol + offset` (a derived Dim such as torch.export's `seq = 2*_seq`)."""
 
     input: str
     axis: int
+    scale: int = 1
+    offset: int = 0
 
 
 def symbol_sources(inputs: list[tuple[str, tuple[Dim, ...]]]) -> dict[str, SymbolSource]:
-    """The first bare-symbol occurrence of each symbol among the inputs (as the runtime binds)."""
+    """The first bare-symbol occurrence of each symbol among the inputs (as the runtime binds);
+    a symbol that no input has bare is read from an affine dim `a*s + c` of one (a > 0)."""
     sources: dict[str, SymbolSource] = {}
+    derived: dict[str, SymbolSource] = {}
     for name, shape in inputs:
         for axis, dim in enumerate(shape):
             if isinstance(dim, sympy.Symbol) and dim.name not in sources:
                 sources[dim.name] = SymbolSource(name, axis)
-    return sources
+            elif isinstance(dim, sympy.Expr) and len(dim.free_symbols) == 1:
+                sym = next(iter(dim.free_symbols))
+                affine = _affine(dim, sym)
+                if affine is not None and sym.name not in derived:
+                    derived[sym.name] = SymbolSource(name, axis, *affine)
+    return {**derived, **sources}
+
+
+def _affine(dim: sympy.Expr, sym: sympy.Symbol) -> tuple[int, int] | None:
+    """(a, c) when `dim` is `a*sym + c` with integers a > 0 and c."""
+    poly = sympy.Poly(dim, sym) if dim.is_polynomial(sym) else None
+    if poly is None or poly.degree() != 1:
+        return None
+    a, c = poly.all_coeffs()
+    if not (a.is_Integer and c.is_Integer and a > 0):
+        return None
+    return int(a), int(c)
 
 
 def emit_dims(b: Builder, dims: list[Dim], cache: dict[Any, str]) -> str:
@@ -103,7 +124,12 @@ def _symbol(b: Builder, name: str) -> str:
         raise DayzeroError(f"size symbol {name} is not a dim of any graph input, so its value "
                            "is unknown at run time", f"symbol {name}",
                            "give the graph an input whose shape has this symbol as a dim")
-    return b.op1("Shape", [source.input], start=source.axis, end=source.axis + 1)
+    size = b.op1("Shape", [source.input], start=source.axis, end=source.axis + 1)
+    if source.offset:
+        size = b.op1("Sub", [size, b.ints([source.offset])])
+    if source.scale != 1:
+        size = b.op1("Div", [size, b.ints([source.scale])])  # exact: the dim is a*s + c
+    return size
 
 
 def _fold(b: Builder, op_type: str, names: list[str]) -> str:

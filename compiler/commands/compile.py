@@ -84,6 +84,10 @@ def add_parser(sub) -> None:
     p.add_argument("--seq-len", metavar="MIN:MAX",
                    help="checkpoint SPEC: range of the dynamic sequence length of input_ids "
                         "(default 2:min(max_position_embeddings, 4096)); N for a static N")
+    p.add_argument("--static-sizes", type=_sizes, metavar="N,N,...",
+                   help="where torch.export fixes a dynamic dim to a constant (no dynamic "
+                        "graph exists): the sizes to compile into the artifact (default: the "
+                        "example's size and its three nearest powers of two)")
     p.add_argument("--task", choices=("text-generation", "forward"), default=None,
                    help="text-generation: a KV-cached generation artifact (dayzero generate); "
                         "default: text-generation for a checkpoint folder of a *ForCausalLM "
@@ -115,9 +119,20 @@ def compile_command(args) -> int:
             dynamic_shapes=spec.dynamic_shapes, config=args.config, passes=args.passes,
             dump_ir=args.dump_ir, force=args.force, log=log, checkpoint=spec.checkpoint,
             fallback=args.fallback, report=_reporter(args),
-            backend_options=backend_options, task=task)
+            backend_options=backend_options, task=task, static_sizes=args.static_sizes)
     print(args.out)
     return 0
+
+
+def _sizes(text: str) -> list[int]:
+    """--static-sizes 4,8,16."""
+    try:
+        sizes = [int(x) for x in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a list of sizes; write e.g. 4,8,16")
+    return sizes
 
 
 def default_task(checkpoint) -> str:

@@ -31,9 +31,19 @@ def add_parser(sub) -> None:
 
 def generate_command(args) -> int:
     import runtime
-    from runtime.generation.model import GenerationModel
 
     model = runtime.load(args.artifact, kv_cache_memory=args.kv_cache_memory)
+    try:
+        return _generate(model, args)
+    finally:
+        close = getattr(model, "close", None)  # a tensor-parallel model stops its ranks
+        if close is not None:
+            close()
+
+
+def _generate(model, args) -> int:
+    from runtime.generation.model import GenerationModel
+
     if not isinstance(model, GenerationModel):
         model.generate()
     tokenizer = model.tokenizer
@@ -63,8 +73,10 @@ def _summary(model, prompt_tokens: int) -> str:
     stats = model.stats
     rate = stats.decode_tokens_per_s
     ttft = f"{stats.first_token_s * 1000:.0f} ms" if stats.first_token_s is not None else "-"
-    used = stats.peak_blocks * model.runner.layout.block_bytes
+    ranks = getattr(model, "ranks", 1)  # a tensor-parallel model: each rank holds 1/ranks
+    used = stats.peak_blocks * model.runner.layout.block_bytes * ranks
     decode = f"{rate:.1f} tokens/s" if rate else "-"
     return (f"prompt {prompt_tokens} tokens, generated {stats.generated_tokens}: TTFT {ttft}, "
             f"decode {decode}; KV cache {stats.peak_blocks} of {stats.total_blocks} blocks "
-            f"({used / 2**20:.1f} of {model.runner.cache_bytes / 2**20:.0f} MiB)")
+            f"({used / 2**20:.1f} of {model.runner.cache_bytes * ranks / 2**20:.0f} MiB"
+            + (f" over {ranks} ranks)" if ranks > 1 else ")"))

@@ -148,7 +148,10 @@ def _load(args):
                            "yet", args.artifact, "run it without --session")
     from runtime.artifact import _read_manifest
 
-    check_world(_read_manifest(Path(args.artifact)), nproc, f"--nproc {nproc}")
+    manifest = _read_manifest(Path(args.artifact))
+    check_world(manifest, nproc, f"--nproc {nproc}")
+    if manifest.get("generation") is not None:  # rank 0 here starts the others
+        return runtime.load(args.artifact, timeout=args.timeout)
     # the ranks hash their own weight shards; here only sizes and headers are read
     return LaunchedModel(runtime.open_artifact(args.artifact, verify="size"),
                          timeout=args.timeout or DEFAULT_TIMEOUT)

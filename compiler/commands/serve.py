@@ -30,7 +30,8 @@ def add_parser(sub) -> None:
     p.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
                    help="seconds in-flight requests get to finish after SIGTERM")
     p.add_argument("--nproc", type=int, default=1, metavar="N",
-                   help="processes (only 1 for now)")
+                   help="ranks of a tensor-parallel artifact (its parallel.tensor_parallel); "
+                        "this process is rank 0 and starts the others")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(handler=serve_command)
@@ -42,6 +43,7 @@ def serve_command(args) -> int:
     import runtime
     from runtime.generation.model import GenerationModel
 
+    _check_ranks(args)
     model = runtime.load(args.artifact, kv_cache_memory=args.kv_cache_memory)
     if not isinstance(model, GenerationModel):
         model.generate()  # a forward artifact: says to compile with --task text-generation
@@ -59,10 +61,25 @@ def serve_command(args) -> int:
                  drain_timeout=args.drain_timeout, log_level=args.log_level)
 
 
+def _check_ranks(args) -> None:
+    """--nproc is the world the artifact was partitioned for, said before anything starts."""
+    from runtime.distributed import partitioned_world
+
+    world = partitioned_world(args.artifact)
+    if args.nproc == world:
+        return
+    if world == 1:
+        raise DayzeroError(f"--nproc {args.nproc}: {args.artifact} runs on one process (it was "
+                           "not compiled tensor parallel)", "--nproc",
+                           "drop --nproc, or compile with parallel: {tensor_parallel: N}")
+    raise DayzeroError(f"{args.artifact} is tensor parallel over {world} ranks, but --nproc is "
+                       f"{args.nproc}", "--nproc", f"pass --nproc {world}")
+
+
 def _check_args(args) -> None:
-    if args.nproc != 1:
-        raise DayzeroError(f"--nproc {args.nproc}: dayzero serve runs one process for now",
-                           "--nproc", "drop --nproc (serving across ranks is not done yet)")
+    if args.nproc < 1:
+        raise DayzeroError(f"--nproc {args.nproc} is not a positive number of ranks", "--nproc",
+                           "pass --nproc 1, or the ranks of a tensor-parallel artifact")
     for flag, value, low in (("--max-batch-tokens", args.max_batch_tokens, 1),
                              ("--max-queue", args.max_queue, 1), ("--port", args.port, 0)):
         if value is not None and value < low:

@@ -16,6 +16,15 @@ from compiler.ir import Graph
 from .decompositions import decompose
 from .locations import parse_stack
 from .program import program_to_graph
+from .refine import (
+    MAX_ROUNDS,
+    RefineState,
+    SpecializedDims,
+    constrained_dims,
+    fix_lines,
+    refine,
+    static_dims,
+)
 from .runtime_checks import drop_data_checks
 
 # Phrases in torch.export's messages -> what the user can do about them.
@@ -31,10 +40,15 @@ _GENERIC_FIX = ("make the model traceable by torch.export (see torch's message),
                 "Python-side logic on tensor values with tensor ops")
 
 
-def export(model: torch.nn.Module, example_inputs: tuple, dynamic_shapes=None) -> Graph:
-    """Trace `model` on `example_inputs` and return its IR Graph with weights attached."""
+def export(model: torch.nn.Module, example_inputs: tuple, dynamic_shapes=None,
+           refined: RefineState | None = None) -> Graph:
+    """Trace `model` on `example_inputs` and return its IR Graph with weights attached.
+
+    Dynamic shapes torch.export refuses are retried with torch's suggested ranges and
+    relations; `refined`, when given, receives the fixes applied. A dim the model fixes to a
+    constant raises `SpecializedDims` (see refine.py)."""
     _check_arguments(model, example_inputs)
-    return convert_program(_trace(model, tuple(example_inputs), dynamic_shapes), model)
+    return convert_program(_trace(model, tuple(example_inputs), dynamic_shapes, refined), model)
 
 
 def trace_program(model: torch.nn.Module, example_inputs: tuple, dynamic_shapes=None):
@@ -74,19 +88,49 @@ def _check_arguments(model, example_inputs) -> None:
                            fix="pass a tuple of forward()'s positional arguments, e.g. (x,)")
 
 
-def _trace(model: torch.nn.Module, args: tuple, dynamic_shapes):
+def _trace(model: torch.nn.Module, args: tuple, dynamic_shapes,
+           refined: RefineState | None = None):
     # eval() for tracing, then each submodule's own mode back: model.train(flag) would set one
     # flag on every submodule and turn on the dropout of a wrapped model that was in eval mode.
     modes = [(module, module.training) for module in model.modules()]
     model.eval()
+    state = refined if refined is not None else RefineState()
+    original = dynamic_shapes
     try:
-        with torch.no_grad():
-            return torch.export.export(model, args, dynamic_shapes=dynamic_shapes, strict=False)
-    except Exception as exc:  # torch.export raises many unrelated exception types
-        raise _export_error("torch.export could not trace", model, exc) from exc
+        for attempt in range(MAX_ROUNDS + 1):
+            try:
+                with torch.no_grad():
+                    return torch.export.export(model, args, dynamic_shapes=dynamic_shapes,
+                                               strict=False)
+            except Exception as exc:  # torch.export raises many unrelated exception types
+                found = refine(exc, dynamic_shapes) if attempt < MAX_ROUNDS else None
+                if found is None:
+                    unfixable = constrained_dims(exc, model, args, dynamic_shapes)
+                    if unfixable:
+                        raise _specialized(model, exc, unfixable, dynamic_shapes,
+                                           state) from exc
+                    raise _export_error("torch.export could not trace", model, exc) from exc
+                dynamic_shapes, fixes = found
+                state.refinements.extend(fixes)
+                state.dynamic_shapes = dynamic_shapes
+                static = static_dims(original, dynamic_shapes)
+                if static:
+                    raise _specialized(model, exc, static, dynamic_shapes, state) from exc
     finally:
         for module, training in modes:
             module.training = training
+
+
+def _specialized(model: torch.nn.Module, exc: Exception, static: dict[str, int],
+                 dynamic_shapes, state: RefineState) -> SpecializedDims:
+    names = ", ".join(static)
+    error = _export_error("torch.export could not trace", model, exc)
+    return SpecializedDims(
+        f"{error.what}\ntorch.export finds no graph that is dynamic in {names} (it fixes "
+        "them to the example's sizes or states no fix for its guards)", error.where,
+        "make those dims static in dynamic_shapes; a forward model with one such dim is "
+        "compiled at a few static sizes by compiler.compile (static_sizes=[...] picks them)",
+        static, dynamic_shapes, list(state.refinements))
 
 
 def _export_error(what: str, model: torch.nn.Module, exc: Exception) -> DayzeroError:
@@ -108,12 +152,5 @@ def _export_error(what: str, model: torch.nn.Module, exc: Exception) -> DayzeroE
 
 def _suggested_fixes(lines: list[str], limit: int = 12) -> list[str]:
     """torch's 'Suggested fixes:' block (up to its first blank line): the exact remedy."""
-    for i, line in enumerate(lines):
-        if line.strip().startswith("Suggested fixes"):
-            block = [line.strip()]
-            for follow in lines[i + 1:i + limit]:
-                if not follow.strip():
-                    break
-                block.append("  " + follow.strip())
-            return ["  " + x for x in block]
-    return []
+    fixes = fix_lines("\n".join(lines))[:limit - 1]
+    return ["  Suggested fixes:", *(f"    {line}" for line in fixes)] if fixes else []

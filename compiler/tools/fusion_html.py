@@ -1,5 +1,6 @@
 """`dayzero compile --report --html FILE`: what fusion did, as a page: the patterns that fired,
-those tried that never fired with the reason at their first node, and the op counts before
+those tried that never fired with their reasons (nearest misses first) and the first nodes
+each reason stopped, with their source lines, and the op counts before
 and after, with a bar per changed op."""
 
 from __future__ import annotations
@@ -16,9 +17,8 @@ def render(report, title: str) -> str:
     before, after = sum(report.before.values()), sum(report.after.values())
     fired = table(["pattern", "fired"], sorted(report.fired.items())) if report.fired \
         else text("no pattern fired")
-    missed = table(["pattern", "nodes tried", "first node", "source", "why it did not match"],
-                   [(rule, tried, m.anchor, m.loc or "", m.reason)
-                    for rule, tried, m in report.not_fired]) if report.not_fired else ""
+    missed = table(["pattern", "nodes tried", "nodes", "why it did not match", "node", "source",
+                    "code"], _missed_rows(report)) if report.not_fired else ""
     groups = (text(f"fusion groups: {len(report.groups)} kernels covering "
                    f"{sum(report.groups.values())} nodes (largest "
                    f"{max(report.groups.values())})") if report.groups else "")
@@ -27,6 +27,21 @@ def render(report, title: str) -> str:
                 "<h2>Patterns tried that did not fire</h2>" if missed else "", missed,
                 "<h2>Op counts (changed ops)</h2>", _counts(report), groups,
                 "<h2>As text</h2>", pre(str(report)))
+
+
+def _missed_rows(report) -> list[tuple]:
+    """One row per example node; the pattern and the reason only on their first row."""
+    rows = []
+    for entry in report.not_fired:
+        head: tuple = (entry.rule, entry.tried)
+        for group in entry.groups:
+            for i, ex in enumerate(group.examples):
+                reason = (group.count, group.why()) if i == 0 else ("", "")
+                rows.append((*head, *reason, ex.anchor, ex.loc or "", ex.code))
+                head = ("", "")
+        if entry.more_reasons:
+            rows.append((*head, "", f"... and {entry.more_reasons} more reason(s)", "", "", ""))
+    return rows
 
 
 def _counts(report) -> str:

@@ -10,15 +10,16 @@ merged weight (and bias) is concatenated at compile time into a new weight in
 applied after: `find_groups` only reads the graph; `merge_group` changes it and returns a record
 like any rewrite.
 
-Merged only when it is exact and cheap: every weight (and bias) is a graph weight with its data in
-memory (not still in a checkpoint shard), all of one dtype, with no bias or all with one, and each
-original weight read by nothing else (otherwise its bytes would be stored twice).
+Merged only when it is exact and cheap: every weight (and bias) is a graph weight with data (in
+memory, or a lazy handle that stacks without being read), all of one dtype, with no bias or all
+with one, and each original weight read by nothing else (otherwise its bytes would be stored
+twice).
 """
 
 from __future__ import annotations
 
 from compiler.ir import Graph, Node, TensorType, Value
-from compiler.ir.weights import concat_rows
+from compiler.ir.weights import concat_rows, is_lazy
 
 from ..rewrite import RewriteBuilder, RewriteRecord
 from ..rewrite.match import same_dim as equal
@@ -27,13 +28,16 @@ _MIN_GROUP = 2
 
 
 def _known_weight(graph: Graph, value: Value | None) -> bool:
-    """A weight whose data is in memory: a handle still lying in a checkpoint shard is not
-    merged, because concatenating would read every such weight into memory at once."""
+    """A weight with data: a tensor in memory, or a lazy handle (a checkpoint tensor, a
+    quantization still to compute), which `concat_rows` stacks lazily so the merged weight
+    streams like any other."""
     import numpy as np
     import torch
 
-    return value is not None and graph.is_weight(value) and isinstance(
-        graph.weight_data.get(value.name), (torch.Tensor, np.ndarray))
+    if value is None or not graph.is_weight(value):
+        return False
+    data = graph.weight_data.get(value.name)
+    return isinstance(data, (torch.Tensor, np.ndarray)) or is_lazy(data)
 
 
 _MERGEABLE = ("linear", "quantized_linear")

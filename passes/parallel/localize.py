@@ -26,6 +26,8 @@ from .mesh import DATA_AXES, Mesh
 from .rules import decide
 
 _SHAPE_ATTRS = {"reshape": "shape", "expand": "shape"}  # attrs that spell the result's shape
+# attrs that count heads, for ops whose result is split along its last (heads x size) dim
+_HEAD_ATTRS = {"paged_attention": ("num_heads", "kv_num_heads")}
 
 
 @dataclass
@@ -153,6 +155,9 @@ class _Localizer:
             if node.op in _SHAPE_ATTRS:
                 attrs[_SHAPE_ATTRS[node.op]] = list(decision.out[0].local_shape(
                     node.output.type.shape, self.sizes))
+            axis = decision.out[0].axis_of(node.outputs[0].type.rank - 1)
+            for key in _HEAD_ATTRS.get(node.op, ()) if axis else ():
+                attrs[key] = attrs[key] // self.sizes[axis]
             new = self.out.add_node(node.op, locals_, attrs, loc=node.loc,
                                     names=[v.name for v in node.outputs])
             self.local.origin[id(new)] = self.index

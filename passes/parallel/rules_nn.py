@@ -176,3 +176,22 @@ def normalization(node: Node, layouts, sizes) -> Decision:
                                             for d in range(rank)}, linear=False)
     return Decision([decision.want[0]] + [None if v is None else REPLICATED
                                           for v in node.inputs[1:]], decision.out)
+
+
+@rule("paged_attention")
+def paged_attention(node: Node, layouts, sizes) -> Decision:
+    """Megatron attention over a paged KV cache: q, k and v split along their features (whole
+    heads: the split divides the attention and KV heads), each rank attending with its heads
+    over its share of the pool (caches and int8 scales split along the KV-heads dim); the new
+    keys and values come out split the same way, for the rank's own pool. Rotary tables and
+    slot lists stay whole."""
+    axis = next((lay.axis_of(2) for lay in layouts[:3] if lay is not None and lay.axis_of(2)),
+                None) or layouts[5].axis_of(1)
+    heads, kv_heads = node.attrs["num_heads"], node.attrs["kv_num_heads"]
+    if axis is None or heads % sizes[axis] or kv_heads % sizes[axis]:
+        return replicate_all(node, layouts, sizes)
+    features, by_heads = Layout.from_dims({2: axis}), Layout.from_dims({1: axis})
+    want = [features] * 3 + [None if v is None else REPLICATED for v in node.inputs[3:5]] \
+        + [by_heads] * 2 + [REPLICATED] * 3 \
+        + [None if v is None else by_heads for v in node.inputs[10:]]
+    return Decision(want, [features, by_heads, by_heads])

@@ -42,6 +42,8 @@ def _where(node: Node) -> str:
 def check_heads(graph: Graph, tp: int) -> None:
     """Attention heads must divide evenly over the tensor-parallel ranks."""
     for node in graph.nodes:
+        if node.op == "paged_attention":
+            _check_paged_heads(node, tp)
         if node.op != "scaled_dot_product_attention" or node.inputs[0].type.rank < 3:
             continue
         for role, value in (("attention heads", node.inputs[0]), ("KV heads", node.inputs[1])):
@@ -51,6 +53,19 @@ def check_heads(graph: Graph, tp: int) -> None:
                     f"config key '{KEY}' = {tp} does not divide the {heads} {role} of "
                     f"scaled_dot_product_attention %{node.outputs[0].name}", _where(node),
                     f"choose a {KEY} that divides the number of heads ({heads})")
+
+
+def _check_paged_heads(node: Node, tp: int) -> None:
+    """A generation step's KV cache is sharded by KV heads: both head counts divide by tp."""
+    for role, heads in (("attention heads", node.attrs["num_heads"]),
+                        ("KV heads", node.attrs["kv_num_heads"])):
+        if heads % tp:
+            raise DayzeroError(
+                f"config key '{KEY}' = {tp} does not divide the {heads} {role} of "
+                f"paged_attention %{node.outputs[0].name}: a tensor-parallel generation step "
+                "gives every rank whole heads and shards the KV cache by KV heads", _where(node),
+                f"choose a {KEY} that divides the number of KV heads ({node.attrs['kv_num_heads']})"
+                f" and attention heads ({node.attrs['num_heads']})")
 
 
 def _seed(graph: Graph, node: Node, index: int, layout: Layout) -> tuple:

@@ -68,12 +68,15 @@ class RewriteRecord:
 @dataclass(frozen=True)
 class RewriteMiss:
     """A rule tried at a node in the last sweep, when no rewrite could change it any more, that
-    did not match: where, and the reason from the deepest point the match reached."""
+    did not match: where, and the reason from the deepest point the match reached; how near it
+    came (`depth`, `structure_matched`: see MatchResult)."""
 
     rule: str
     anchor: str
     loc: str | None
     reason: str
+    depth: int = 0
+    structure_matched: bool = False
 
 
 @dataclass
@@ -143,11 +146,13 @@ def _sweep(state: _State, full: bool, misses: list[RewriteMiss] | None) -> bool:
             if found:
                 chosen = candidate
                 break
-            failed.append((candidate.name, found.reason or "no match"))
+            failed.append((candidate.name, found))
         if chosen is None:
             if misses is not None and node.outputs:
                 anchor = describe(node.outputs[0], graph)
-                misses += [RewriteMiss(rule, anchor, node.loc, why) for rule, why in failed]
+                misses += [RewriteMiss(rule, anchor, node.loc, why.reason or "no match",
+                                       why.depth, why.structure_matched)
+                           for rule, why in failed]
             i += 1
             continue
         applied = _apply(graph, chosen, found)

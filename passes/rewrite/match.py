@@ -27,20 +27,27 @@ from .pattern import AnyOf, Capture, Const, OpPattern, Pattern, Var
 
 @dataclass
 class MatchResult:
-    """Outcome of one match attempt; truthy on success. `MatchResult.fail("why")` rejects."""
+    """Outcome of one match attempt; truthy on success. `MatchResult.fail("why")` rejects.
+
+    A failure says how near it came: `depth`, how far into the pattern the structural match got
+    before it stopped (operands walked, a rough measure), and `structure_matched`, true when the
+    whole pattern matched and a check or a reader outside the match rejected it (the nearest
+    miss). The fusion report lists the nearest misses first."""
 
     ok: bool
     reason: str | None = None
     bindings: dict[str, Any] = field(default_factory=dict)
     nodes: list[Node] = field(default_factory=list)
     anchor: Node | None = None
+    depth: int = 0
+    structure_matched: bool = False
 
     def __bool__(self) -> bool:
         return self.ok
 
     @classmethod
-    def fail(cls, reason: str) -> MatchResult:
-        return cls(False, reason)
+    def fail(cls, reason: str, depth: int = 0, structure_matched: bool = False) -> MatchResult:
+        return cls(False, reason, depth=depth, structure_matched=structure_matched)
 
 
 def describe(value: Value | None, graph: Graph | None = None) -> str:
@@ -327,7 +334,7 @@ def match_pattern(graph: Graph, pattern: Pattern, node: Node) -> Iterator[MatchR
                 bindings = {**bindings, pattern.name: node.outputs[alt.output]}
             yield MatchResult(True, None, bindings, _unique(found.nodes), node)
     if not found_any:
-        yield MatchResult.fail(matcher.failure[1])
+        yield MatchResult.fail(matcher.failure[1], max(matcher.failure[0], 0))
 
 
 def _ops(p: Pattern) -> str:

@@ -71,7 +71,7 @@ class Rule:
             why = self._escape(graph, found, users) or self._check(graph, found)
             if why is None:
                 return found
-            failure = MatchResult.fail(why)
+            failure = MatchResult.fail(why, len(found.nodes), structure_matched=True)
         return failure
 
     def _escape(self, graph: Graph, found: MatchResult,

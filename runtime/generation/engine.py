@@ -53,6 +53,8 @@ class StepRunner:
         if missing:
             raise ArtifactError(f"the step graph takes unknown inputs {missing}", "inputs",
                                 "the artifact is corrupted; recompile it")
+        # the pools are checked once here; a step validates only its index inputs
+        self._step = model.with_fixed_inputs(self._pools)
 
     @property
     def cache_bytes(self) -> int:
@@ -61,10 +63,10 @@ class StepRunner:
     def run(self, parts: Sequence[StepPart]) -> tuple[np.ndarray, list[int]]:
         """Run one step; returns the logits rows [n, vocab] and, per row, its part's index."""
         step = build_step(parts, self.spec.block_size)
-        feeds = {**step.feeds, **self._pools}
+        feeds = step.feeds
         if self.image_width is not None:
-            feeds.update(image_feeds(parts, self.image_width))
-        outputs = self.model(*[feeds[name] for name in self._names])
+            feeds = {**feeds, **image_feeds(parts, self.image_width)}
+        outputs = self.call(feeds)
         # outputs by position (a backend's lowering may rename them): logits, then each
         # layer's new keys and values
         for layer in range(len(self.spec.layers)):
@@ -72,6 +74,12 @@ class StepRunner:
                              outputs[2 + 2 * layer])
         logits = outputs[0]
         return logits.reshape(-1, logits.shape[-1]), step.logit_parts
+
+
+    def call(self, feeds: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
+        """The step graph's outputs for these index inputs (`build_step`'s feeds; those the
+        graph does not take are left out) over the pools."""
+        return self._step(**{s.name: feeds[s.name] for s in self._step.free_specs})
 
 
 _STEP_INPUTS = frozenset({"input_ids", "positions", "seq_slots", "token_seq", "token_len",

@@ -122,11 +122,10 @@ class GenerationModel:
         step = build_step([part], self.spec.block_size)
         n = len(part.tokens)
         step.feeds["logit_indices"] = np.arange(n, dtype=np.int64)
-        feeds = {**step.feeds, **self.runner._pools}
-        if self.runner.image_width is not None:  # text only: no image rows
-            feeds.update(image_feeds([part], self.runner.image_width))
-        outputs = self.step_model(*[feeds[s.name] for s in self.step_model.input_specs])
-        return outputs[0].reshape(n, -1)
+        feeds = step.feeds
+        if self.runner.image_width is not None:  # the part's image rows, if any
+            feeds = {**feeds, **image_feeds([part], self.runner.image_width)}
+        return self.runner.call(feeds)[0].reshape(n, -1)
 
     # -- generation ---------------------------------------------------------------------------
     def generate(self, input_ids: Any, max_new_tokens: int = 20, do_sample: bool = False,

@@ -4,6 +4,10 @@ SIGTERM (or Ctrl-C) starts a drain instead of uvicorn's immediate stop: the engi
 nothing more and /health answers 503, the requests in flight run to their end for up to
 `drain_timeout` seconds, whatever is left is cancelled (its blocks freed, its streams closed),
 then uvicorn shuts down and the process exits 0. A second signal stops at once.
+
+A tensor-parallel model (runtime/generation/ranks.py) reports a rank that died: /health
+answers 503 with the error at once, every request ends with it, and after `FAIL_EXIT_S` the
+server stops and `serve` raises the error naming the rank (the command exits 1).
 """
 
 from __future__ import annotations
@@ -14,11 +18,14 @@ from contextlib import asynccontextmanager
 
 import uvicorn
 
+from compiler.errors import DayzeroError
+
 from .app import create_app
 from .engine import Engine
 from .metrics import Metrics
 
 log = logging.getLogger("dayzero.serve")
+FAIL_EXIT_S = 1.0  # a failed model's 503s are seen this long before the server stops
 
 
 def serve(model, model_name: str, host: str = "127.0.0.1", port: int = 8000,
@@ -42,7 +49,19 @@ def serve(model, model_name: str, host: str = "127.0.0.1", port: int = 8000,
                             timeout_graceful_shutdown=5)
     server = _DrainingServer(config, engine, drain_timeout)
     _log_like_uvicorn(log_level)
-    server.run()
+    on_failure = getattr(model, "on_failure", None)
+    if on_failure is not None:
+        on_failure(server.fail)
+    try:
+        server.run()
+    finally:
+        close = getattr(model, "close", None)
+        if close is not None:
+            close()
+    if server.failure is not None:
+        raise DayzeroError(server.failure, f"dayzero serve of {model_name}",
+                           "find out why the rank died (killed, out of memory) and start the "
+                           "server again")
     return 0 if server.started else 1
 
 
@@ -61,6 +80,21 @@ class _DrainingServer(uvicorn.Server):
         self.engine = engine
         self.drain_timeout = drain_timeout
         self._draining = False
+        self.failure: str | None = None
+
+    def fail(self, message: str) -> None:
+        """A rank died (any thread): unhealthy now, end every request, stop shortly."""
+        self.failure = message
+        self.engine.failure = message
+        self.engine.begin_drain()
+        self.engine.cancel_all()
+        log.error("%s; stopping the server", message)
+        timer = threading.Timer(FAIL_EXIT_S, self._stop_now)
+        timer.daemon = True
+        timer.start()
+
+    def _stop_now(self) -> None:
+        self.should_exit = True
 
     def handle_exit(self, sig, frame) -> None:
         # uvicorn's own handler stops at once and re-raises the signal after shutdown (the

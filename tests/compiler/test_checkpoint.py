@@ -112,6 +112,22 @@ def test_base_model_checkpoint_loads_into_the_lm_head_model(tmp_path):
                                atol=1e-5, rtol=1e-5)
 
 
+def test_checkpoint_projections_merge_without_being_read(llama_dir, tmp_path):
+    """Q/K/V of a streamed checkpoint merge into one linear (lazily stacked, never read whole),
+    as they do for a module in memory."""
+    ckpt = open_checkpoint(llama_dir)
+    out = compile(ckpt.module, ckpt.example_inputs, out=tmp_path / "m.dz", backend="onnxruntime",
+                  dynamic_shapes=ckpt.dynamic_shapes, checkpoint=ckpt)
+    assert ckpt.reader.stats.materialized == 0
+    model = runtime.load(out)
+    names = set(model.artifact.weight_locations())
+    assert "model.layers.0.self_attn.q_proj_k_proj_v_proj.weight" in names
+    assert "model.layers.0.self_attn.q_proj.weight" not in names
+    ids = _ids(9, 3)
+    np.testing.assert_allclose(model(ids.numpy())[0], logits(_hf(llama_dir), ids), atol=1e-5,
+                               rtol=1e-5)
+
+
 def test_bound_graph_holds_lazy_handles_in_shard_order(llama_dir):
     ckpt = open_checkpoint(llama_dir)
     graph = ckpt.bind(export(ckpt.module, ckpt.example_inputs,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import re
+from pathlib import Path
 
 import pytest
 
@@ -45,6 +46,28 @@ def test_compile_report_html_shows_fired_patterns_and_counts(tmp_path, capsys):
         assert f"<tr><td>{rule}</td><td class=\"num\">{count}</td></tr>" in page
     nodes = re.search(r"fusion: (\d+) nodes -> (\d+) nodes", printed).group(0)
     assert html.escape(nodes) in page and "<svg" in page
+
+
+NEAR_MISSES = f"{Path(__file__).resolve().parents[1]}/passes/near_miss_model.py:build"
+
+
+def test_compile_report_says_why_patterns_did_not_fire_in_text_and_html(tmp_path, capsys):
+    """The near misses of tests/passes/near_miss_model.py (attention with its softmax over the
+    queries, a GELU with a wrong constant): the text and the page give the same reasons, with
+    the source line each reason stopped at."""
+    out = tmp_path / "fusion.html"
+    assert main(["compile", NEAR_MISSES, "-o", str(tmp_path / "m.dz"), "--report", "--html",
+                 str(out)]) == 0
+    printed = capsys.readouterr().out
+    page = out.read_text()
+    _self_contained(page)
+    why = "the pattern matched, but softmax over dim -2, not the key axis"
+    assert f"    1 x {why}\n" in printed
+    constant = re.search(r"    1 x (%\w+ \(constant\) is the constant 0\.05, the pattern needs "
+                         r"0\.044715)\n", printed).group(1)
+    for reason in (why, constant):
+        assert f"<td>{html.escape(reason)}</td>" in page
+    assert f"<td>{html.escape('return torch.matmul(probs, v), g')}</td>" in page
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -111,3 +111,32 @@ def test_outputs_of_the_right_shape_pass_the_check(mlp):
     _, m = mlp
     m._executable = lambda arrays: [np.zeros((arrays[0].shape[0], 3), np.float32)]
     assert m(np.ones((7, 4), np.float32))[0].shape == (7, 3)
+
+
+@pytest.fixture
+def adder(tmp_path):
+    """z = x + y, both f32[s0, 4]."""
+    g = Graph()
+    g.symbols["s0"] = (2, 64)
+    x = g.add_input("x", TensorType(DType.f32, (symbol("s0"), 4)))
+    y = g.add_input("y", TensorType(DType.f32, (symbol("s0"), 4)))
+    g.outputs = [g.add_node("add", [x, y], names=["z"]).output]
+    return runtime.load(write_artifact(tmp_path / "add.dz", g, "reference"))
+
+
+def test_fixed_inputs_are_validated_once_and_bind_their_symbols(adder):
+    y = np.arange(12, dtype=np.float32).reshape(3, 4)
+    bound = adder.with_fixed_inputs({"y": y})
+    assert [s.name for s in bound.free_specs] == ["x"]
+    x = np.ones((3, 4), np.float32)
+    np.testing.assert_array_equal(bound(x=x)[0], adder(x, y)[0])
+    y += 1  # changed in place between calls, as a KV-cache pool is
+    np.testing.assert_array_equal(bound(x=x)[0], x + y)
+    with pytest.raises(InputError, match=r"input 'x' dim 0 is 5 but s0 is 3 \(from the fixed"):
+        bound(x=np.ones((5, 4), np.float32))
+    with pytest.raises(InputError, match=r"missing input\(s\) \['x'\]"):
+        bound()
+    with pytest.raises(InputError, match="has dtype f64"):
+        adder.with_fixed_inputs({"y": y.astype(np.float64)})
+    with pytest.raises(InputError, match=r"no input\(s\) w"):
+        adder.with_fixed_inputs({"w": y})

@@ -1,0 +1,112 @@
+"""An artifact compiled at several static sizes of one dim: run the one the inputs fit.
+
+The compiler writes it when torch.export can only trace a dim as a constant (a recurrent scan
+unrolled over the sequence; see compiler/static_sizes.py): the top folder is the artifact for
+one size, `sizes/<dim>-<n>/` the others, and the manifest's `static_sizes` section lists them
+with the (input position, axis) pairs that carry the dim. Only exact sizes run: padding is
+not proven safe for these models, so any other size is refused with the sizes compiled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from compiler.errors import ArtifactError, InputError
+
+from .artifact import open_artifact
+
+
+class SizedModel:
+    """Call it like a CompiledModel; it runs the size's artifact (each loaded on first use)."""
+
+    def __init__(self, top, verify: str, session: Mapping[str, Any] | None, loader):
+        self._top, self._verify, self._session, self._loader = top, verify, session, loader
+        entry = top.manifest["static_sizes"]
+        self.dim: str = entry.get("dim", "?")
+        self._axes = _pairs(entry.get("inputs"), top.path)
+        self._paths = _sizes(entry.get("sizes"), top.path)
+        self._loaded: dict[int, Any] = {}
+        self.input_specs, self.output_specs = top.input_specs, top.output_specs
+
+    @property
+    def sizes(self) -> list[int]:
+        """The sizes of the dim compiled into this artifact."""
+        return sorted(self._paths)
+
+    @property
+    def path(self):
+        return self._top.path
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        return self._top.manifest
+
+    def __repr__(self) -> str:
+        return f"SizedModel({str(self.path)!r}, {self.dim} in {self.sizes})"
+
+    def __getattr__(self, name: str) -> Any:
+        """Anything else (backend, artifact, describe) is the top size's model's."""
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._top, name)
+
+    def __call__(self, *inputs: Any) -> tuple[np.ndarray, ...]:
+        return self.model_for(self._size_of(inputs))(*inputs)
+
+    def model_for(self, size: int):
+        """The CompiledModel for `size` of the dim (an InputError if it was not compiled)."""
+        if size not in self._paths:
+            raise InputError(f"{self.dim} = {size}: this artifact runs {self.dim} = "
+                             f"{', '.join(map(str, self.sizes))} only (the model has no graph "
+                             f"dynamic in {self.dim}, and padding is not proven safe)",
+                             str(self.path), f"pass inputs whose {self.dim} is one of "
+                             f"{self.sizes}, or recompile with static_sizes including {size}")
+        if size not in self._loaded:
+            rel = self._paths[size]
+            self._loaded[size] = self._top if rel == "." else self._loader(
+                open_artifact(self.path / rel, verify=self._verify), self._session)
+        return self._loaded[size]
+
+    def _size_of(self, inputs: tuple) -> int:
+        found = set()
+        for position, axis in self._axes:
+            if position >= len(inputs):
+                continue  # the count is checked by the size's model, with its own message
+            shape = np.shape(inputs[position])
+            if axis < len(shape):
+                found.add(int(shape[axis]))
+        if len(found) != 1:
+            where = ", ".join(f"input {p} axis {a}" for p, a in self._axes)
+            raise InputError(f"{self.dim} must have one size in every input that carries it "
+                             f"({where}), got {sorted(found) or 'none'}", str(self.path),
+                             f"give {where} the same size, one of {self.sizes}")
+        return found.pop()
+
+
+def _pairs(entry: Any, root) -> list[tuple[int, int]]:
+    ok = isinstance(entry, list) and entry and all(
+        isinstance(p, list) and len(p) == 2 and all(type(x) is int and x >= 0 for x in p)
+        for p in entry)
+    if not ok:
+        raise ArtifactError("manifest.json: static_sizes.inputs is not a list of [input, axis]",
+                            f"{root}: static_sizes", "the artifact is corrupted; recompile it")
+    return [(p[0], p[1]) for p in entry]
+
+
+def _sizes(entry: Any, root) -> dict[int, str]:
+    ok = isinstance(entry, list) and entry and all(
+        isinstance(e, dict) and type(e.get("size")) is int and isinstance(e.get("path"), str)
+        and (e["path"] == "." or _inside(e["path"])) for e in entry)
+    if not ok:
+        raise ArtifactError("manifest.json: static_sizes.sizes is not a list of {size, path} "
+                            "inside the artifact", f"{root}: static_sizes",
+                            "the artifact is corrupted; recompile it")
+    return {e["size"]: e["path"] for e in entry}
+
+
+def _inside(rel: str) -> bool:
+    parts = rel.split("/")
+    return not rel.startswith("/") and all(p not in ("", ".", "..") for p in parts)
