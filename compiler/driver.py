@@ -52,16 +52,27 @@ def compile(model, example_inputs: tuple, out: str | Path = "model.dz",
     check_task(task)
     cfg = load_config(config).with_backend_options(backend_options)
     _refuse_unimplemented(cfg)
-    eos = None
+    eos, vision, vision_files = None, None, {}
     if task == "text-generation":
         from .generation import check_parallel
 
         check_parallel(cfg.parallel)
-        example_inputs, dynamic_shapes = generation_inputs(example_inputs, dynamic_shapes)
         eos = eos_token_ids(model)
         if tokenizer is None and checkpoint is not None:
             tokenizer = checkpoint.layout.root
-    files = tokenizer_files(tokenizer) if eos is not None else {}
+        from .image_text import is_image_text, prepare
+
+        if is_image_text(model):  # vision encoder compiled now, the language step below
+            if _world_size(cfg) > 1:
+                raise DayzeroError("a partitioned image-text generation artifact is not "
+                                   "supported yet", "parallel",
+                                   "compile the image-text model for one device")
+            _check_destinations(Path(out), force, dump_ir)
+            model, example_inputs, dynamic_shapes, vision_files, vision = prepare(
+                compile, model, example_inputs, dynamic_shapes, backend=backend, config=config,
+                checkpoint=checkpoint, log=log, folder=tokenizer)
+        example_inputs, dynamic_shapes = generation_inputs(example_inputs, dynamic_shapes)
+    files = {**(tokenizer_files(tokenizer) if eos is not None else {}), **vision_files}
     target = _backend(backend)
     out = Path(out)
     _check_destinations(out, force, dump_ir)  # before the minutes of export and passes
@@ -97,13 +108,13 @@ def compile(model, example_inputs: tuple, out: str | Path = "model.dz",
         return lower_and_write(graph, out, target, cfg, passes=passes, dump_ir=dump_ir,
                                force=force, log=log, fallback=fallback, report=report,
                                aliases=aliases, eos_token_ids=eos, extra_files=files,
-                               manifest_extra=manifest)
+                               manifest_extra=manifest, vision=vision)
     graph = checkpoint.bind(graph, log)
     with checkpoint.streaming(log) as progress:
         return lower_and_write(graph, out, target, cfg, passes=passes, dump_ir=dump_ir,
                                force=force, log=log, progress=progress, fallback=fallback,
                                report=report, aliases=aliases, eos_token_ids=eos,
-                               extra_files=files, manifest_extra=manifest)
+                               extra_files=files, manifest_extra=manifest, vision=vision)
 
 
 def refined_shapes(dynamic_shapes: Any, refined: RefineState) -> Any:
@@ -167,7 +178,8 @@ def lower_and_write(graph: Graph, out: Path, target, cfg: CompileConfig, *,
                     aliases: Mapping[str, str] | None = None,
                     eos_token_ids: list[int] | None = None,
                     extra_files: Mapping[str, bytes] | None = None,
-                    manifest_extra: Mapping[str, Any] | None = None) -> Path:
+                    manifest_extra: Mapping[str, Any] | None = None,
+                    vision: Mapping[str, Any] | None = None) -> Path:
     """Run the pipeline on an exported graph and write the artifact for `target`.
 
     `eos_token_ids` (a list, maybe empty) makes it a generation artifact: the pipeline ends
@@ -175,6 +187,8 @@ def lower_and_write(graph: Graph, out: Path, target, cfg: CompileConfig, *,
 
     `progress` (total weight bytes -> callback or None) replaces the plain progress bar.
     `aliases` (Dim name -> size symbol, see `symbol_aliases`) go into the manifest.
+    `vision` (an image-text model's encoder, compiler/image_text.py) goes into the
+    `generation` section; its files come in `extra_files`.
     """
     from compiler.writer import write_artifact
     from passes import DEFAULT_PIPELINE, PassManager, format_pipeline, parse_pipeline
@@ -206,10 +220,13 @@ def lower_and_write(graph: Graph, out: Path, target, cfg: CompileConfig, *,
         report(fusion_report(before, graph, records_of(manager), misses_of(manager)))
     generation = None
     if forward is not None:  # read from the step's paged_attention nodes, before lowering
-        from .generation import generation_section
+        from .generation import TOKENIZER_DIR, generation_section
 
         generation = generation_section(graph, forward, cfg, eos_token_ids,
-                                        sorted(extra_files or {}))
+                                        sorted(f for f in extra_files or {}
+                                               if f.startswith(TOKENIZER_DIR + "/")))
+        if vision is not None:
+            generation["vision"] = dict(vision)
     if _world_size(cfg) > 1:
         return _write_partitioned(graph, out, target, cfg, format_pipeline(pipeline),
                                   dump_ir=dump_ir, force=force, log=log, aliases=aliases,

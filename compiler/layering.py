@@ -117,7 +117,8 @@ FLOORS: tuple[Floor, ...] = (
               "the YAML config, checked"),
     )),
     Floor("driver", (
-        Layer("driver", ("compiler.driver", "compiler.generation", "compiler.static_sizes"),
+        Layer("driver", ("compiler.driver", "compiler.generation", "compiler.image_text",
+                         "compiler.static_sizes"),
               ("config", "frontend", "pass catalogue", "artifact writer"),
               "compile(): export -> passes -> lower -> write"),
     )),

@@ -130,7 +130,27 @@ def model_tensors(model: torch.nn.Module) -> ModelTensors:
     computed = {n for n, _ in model.named_buffers(remove_duplicate=False)} - persistent
     ignore = getattr(model, "_keys_to_ignore_on_load_unexpected", None) or ()
     return ModelTensors(expected, [g for g in by_tensor.values() if len(g) > 1], computed,
-                        getattr(model, "base_model_prefix", "") or "", tuple(ignore))
+                        getattr(model, "base_model_prefix", "") or "", tuple(ignore),
+                        legacy_renames(model))
+
+
+def legacy_renames(model: torch.nn.Module):
+    """The name changes transformers applies to this model's checkpoints on load (plain
+    renames only, in its order; scoped to the submodule they belong to), or None."""
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        rules = [r for r in get_model_conversion_mapping(model)
+                 if hasattr(r, "rename_source_key") and not getattr(r, "operations", None)]
+    except Exception:  # an older transformers, or a model it has no mapping for
+        return None
+    if not rules:
+        return None
+
+    def rename(name: str) -> str:
+        for rule in rules:
+            name, _ = rule.rename_source_key(name)
+        return name
+    return rename
 
 
 @contextlib.contextmanager

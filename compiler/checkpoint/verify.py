@@ -9,14 +9,16 @@ Handled as Hugging Face's loader handles them: tied parameters (an LM head shari
 is saved once, under either name), base-model checkpoints loaded into a model with a head (names
 without `base_model_prefix.`), tensors the model class says to ignore
 (`_keys_to_ignore_on_load_unexpected`) and stale copies of buffers the model computes itself
-(non-persistent buffers such as `rotary_emb.inv_freq`). Persistent buffers missing from the
+(non-persistent buffers such as `rotary_emb.inv_freq`), and the legacy names transformers
+renames on load (`renames`: a LLaVA checkpoint stores `language_model.model.*` for the model's
+`model.language_model.*`). Persistent buffers missing from the
 checkpoint keep the value the model computed when it was built.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from compiler.ir import DType
@@ -46,6 +48,8 @@ class ModelTensors:
     computed: set[str] = field(default_factory=set)  # non-persistent buffers
     prefix: str = ""  # base_model_prefix
     ignore_unexpected: Sequence[str] = ()  # regexes
+    # legacy checkpoint name -> model name, as transformers renames on load (None: keep)
+    renames: Callable[[str], str] | None = None
 
 
 @dataclass
@@ -109,6 +113,11 @@ def _rename(layout: CheckpointLayout, model: ModelTensors) -> dict[str, str]:
     """Checkpoint name -> model name; adds `base_model_prefix.` for a base-model checkpoint."""
     prefix = f"{model.prefix}." if model.prefix else ""
     names = {n: n for n in layout.tensors}
+    if model.renames is not None and any(n not in model.expected for n in names):
+        renamed = {n: model.renames(n) for n in layout.tensors}
+        if sum(r in model.expected for r in renamed.values()) > \
+                sum(n in model.expected for n in names):
+            return renamed
     if not prefix or any(n.startswith(prefix) for n in layout.tensors):
         return names
     if not any(n.startswith(prefix) for n in model.expected):

@@ -138,10 +138,15 @@ def _sizes(text: str) -> list[int]:
 def default_task(checkpoint) -> str:
     """text-generation for a checkpoint of a causal LM (config.json's architecture is a
     *ForCausalLM class, or another class transformers' causal-LM auto mapping lists, such as
-    GPT2LMHeadModel), forward for anything else."""
+    GPT2LMHeadModel) or of an image-text model with its image processor (a LLaVA-style
+    *ForConditionalGeneration, compiler/image_text.py), forward for anything else."""
     architecture = getattr(getattr(checkpoint, "model", None), "architecture", "")
     if not architecture:
         return "forward"
+    from ..image_text import PROCESSOR_FILE, is_image_text
+
+    if is_image_text(checkpoint.module) and (checkpoint.layout.root / PROCESSOR_FILE).is_file():
+        return "text-generation"
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     causal = architecture.endswith("ForCausalLM") or \

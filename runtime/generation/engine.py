@@ -17,6 +17,7 @@ from compiler.errors import ArtifactError
 from ..kv_cache import BlockAllocator, CacheLayout, PagedKVCache
 from .spec import GenerationSpec
 from .step import StepPart, build_step
+from .vision import IMAGE_INPUTS, image_feeds
 
 
 class StepRunner:
@@ -45,6 +46,9 @@ class StepRunner:
                 self._pools[f"{name}_cache_{layer}"] = self.cache.flat(layer, which)
                 if self.cache.scales is not None:
                     self._pools[f"{name}_scale_{layer}"] = self.cache.flat_scales(layer, which)
+        # an image-text step also takes image rows per token (vision.py)
+        self.image_width = next((s.shape[-1] for s in model.input_specs
+                                 if s.name == "image_embeds"), None)
         missing = [n for n in self._names if n not in self._pools and n not in _STEP_INPUTS]
         if missing:
             raise ArtifactError(f"the step graph takes unknown inputs {missing}", "inputs",
@@ -59,7 +63,10 @@ class StepRunner:
     def run(self, parts: Sequence[StepPart]) -> tuple[np.ndarray, list[int]]:
         """Run one step; returns the logits rows [n, vocab] and, per row, its part's index."""
         step = build_step(parts, self.spec.block_size)
-        outputs = self.call(step.feeds)
+        feeds = step.feeds
+        if self.image_width is not None:
+            feeds = {**feeds, **image_feeds(parts, self.image_width)}
+        outputs = self.call(feeds)
         # outputs by position (a backend's lowering may rename them): logits, then each
         # layer's new keys and values
         for layer in range(len(self.spec.layers)):
@@ -76,4 +83,4 @@ class StepRunner:
 
 
 _STEP_INPUTS = frozenset({"input_ids", "positions", "seq_slots", "token_seq", "token_len",
-                          "logit_indices"})
+                          "logit_indices", *IMAGE_INPUTS})

@@ -3,7 +3,9 @@
 Its graph is a KV-cached generation step (passes/derive_generation_step.py). `generate` and
 `stream` run prompts through it as transformers' `generate` does (same arguments, same output
 layout: prompts left-padded to one length, then the new tokens, rows that stopped early padded);
-`generate_text` adds the artifact's tokenizer. Called like any model, `m(input_ids)` is the
+`generate_text` adds the artifact's tokenizer. An image-text artifact also takes images: chat
+messages with image parts, or `pixel_values` beside ids whose image tokens are expanded
+(vision.py). Called like any model, `m(input_ids)` is the
 prefill forward it was compiled from (logits for every position): `dayzero run`, `bench` and
 `align` use it so.
 """
@@ -30,6 +32,7 @@ from .scheduler import Sequence as Request
 from .spec import GenerationSpec
 from .step import StepPart
 from .tokenizer import ArtifactTokenizer, load_tokenizer
+from .vision import ImageRows, VisionEncoder, image_feeds, split_messages
 
 
 class GenerationModel:
@@ -44,6 +47,8 @@ class GenerationModel:
         self._kv_cache_memory = kv_cache_memory
         self._runner: StepRunner | None = None
         self._tokenizer: ArtifactTokenizer | None | bool = False  # False: not read yet
+        section = step.manifest["generation"].get("vision")
+        self.vision = None if section is None else VisionEncoder(step, section)
         self.stats = GenerationStats()
 
     def __getattr__(self, name: str) -> Any:  # path, manifest, backend, describe, ...
@@ -70,8 +75,15 @@ class GenerationModel:
         """The text generated after `prompt` (a string), or after chat `messages` rendered with
         the artifact's chat template; other arguments as `generate`."""
         tokenizer = self._require_tokenizer()
+        messages, images, fields = split_messages(prompt)
+        if images and self.vision is None:
+            raise InputError(f"{self.path} is a text-only model: it takes no images",
+                             fields[0], "send text only, or compile an image-text checkpoint")
         ids = (tokenizer.encode(prompt) if isinstance(prompt, str)
-               else tokenizer.chat_ids(prompt))
+               else tokenizer.chat_ids(messages))
+        if self.vision is not None:
+            ids = self.vision.expand(ids)
+            kwargs["images"] = images
         out = self.generate([ids], max_new_tokens=max_new_tokens, **kwargs)
         return tokenizer.decode(out[0, len(ids):].tolist())  # one prompt: no padding
 
@@ -83,17 +95,21 @@ class GenerationModel:
         return self.tokenizer
 
     # -- the prefill forward ----------------------------------------------------------------
-    def __call__(self, input_ids: Any) -> tuple[np.ndarray]:
-        """Logits [batch, seq, vocab] for every position, as the exported forward returns."""
+    def __call__(self, input_ids: Any, image_embeds: Any = None,
+                 image_mask: Any = None) -> tuple[np.ndarray]:
+        """Logits [batch, seq, vocab] for every position, as the exported forward returns (an
+        image-text artifact's forward also takes image rows [batch, seq, hidden] and their
+        mask [batch, seq]; without them, no token is an image's)."""
         ids = np.asarray(to_numpy(input_ids))
         prompts = Prompts.from_ids(ids, None, self.spec)
+        images = _forward_images(ids, image_embeds, image_mask)
         runner = self.runner
         rows = []
-        for tokens in prompts.rows:
+        for row, tokens in enumerate(prompts.rows):
             runner.allocator.grow("forward", len(tokens))
             try:
                 table = runner.allocator.tables["forward"]
-                part = StepPart(np.asarray(tokens, np.int64), 0, table)
+                part = StepPart(np.asarray(tokens, np.int64), 0, table, images=images[row])
                 rows.append(self._all_logits(part))
             finally:
                 runner.allocator.release("forward")
@@ -106,17 +122,26 @@ class GenerationModel:
         step = build_step([part], self.spec.block_size)
         n = len(part.tokens)
         step.feeds["logit_indices"] = np.arange(n, dtype=np.int64)
-        return self.runner.call(step.feeds)[0].reshape(n, -1)
+        feeds = step.feeds
+        if self.runner.image_width is not None:  # the part's image rows, if any
+            feeds = {**feeds, **image_feeds([part], self.runner.image_width)}
+        return self.runner.call(feeds)[0].reshape(n, -1)
 
     # -- generation ---------------------------------------------------------------------------
     def generate(self, input_ids: Any, max_new_tokens: int = 20, do_sample: bool = False,
                  temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
                  seed: int | None = None, eos_token_id: int | Sequence[int] | None = None,
-                 attention_mask: Any = None, pad_token_id: int | None = None) -> np.ndarray:
-        """Token ids [batch, prompt_len + new], as transformers' `generate` returns them."""
+                 attention_mask: Any = None, pad_token_id: int | None = None,
+                 pixel_values: Any = None, images: Sequence[Any] | None = None) -> np.ndarray:
+        """Token ids [batch, prompt_len + new], as transformers' `generate` returns them.
+
+        An image-text artifact takes `pixel_values` [n, 3, H, W] (the image processor's) or
+        `images` (encoded PNG/JPEG bytes), the n images in order over the prompts' expanded
+        image tokens, as transformers' LlavaForConditionalGeneration does."""
         prompts, requests = self._requests(input_ids, attention_mask, max_new_tokens,
                                            SamplingParams(do_sample, temperature, top_k, top_p,
-                                                          seed), eos_token_id)
+                                                          seed), eos_token_id,
+                                           _images(pixel_values, images))
         for _ in self._schedule(requests):
             pass
         return prompts.assemble([r.generated for r in requests], pad_token_id)
@@ -124,27 +149,43 @@ class GenerationModel:
     def stream(self, input_ids: Any, max_new_tokens: int = 20, do_sample: bool = False,
                temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
                seed: int | None = None, eos_token_id: int | Sequence[int] | None = None,
-               attention_mask: Any = None) -> Iterator[Any]:
+               attention_mask: Any = None, pixel_values: Any = None,
+               images: Sequence[Any] | None = None) -> Iterator[Any]:
         """Token ids as they come: ints for one prompt, (row, token) pairs for a batch."""
         prompts, requests = self._requests(input_ids, attention_mask, max_new_tokens,
                                            SamplingParams(do_sample, temperature, top_k, top_p,
-                                                          seed), eos_token_id)
+                                                          seed), eos_token_id,
+                                           _images(pixel_values, images))
         row_of = {id(r): i for i, r in enumerate(requests)}
         for event in self._schedule(requests):
             yield event.token if prompts.single else (row_of[id(event.sequence)], event.token)
 
-    def _requests(self, input_ids, attention_mask, max_new_tokens, sampling, eos_token_id):
+    def _requests(self, input_ids, attention_mask, max_new_tokens, sampling, eos_token_id,
+                  images=None):
         prompts = Prompts.from_ids(input_ids, attention_mask, self.spec)
         eos = self.spec.eos_token_ids if eos_token_id is None else (
             (eos_token_id,) if isinstance(eos_token_id, (int, np.integer)) else eos_token_id)
+        # the expanded prompt's length is what the cache must hold: checked before any work
         check_request(prompts, max_new_tokens, self.spec, self.runner)
+        rows = self._image_rows(prompts, images)
         requests = []
         for row, tokens in enumerate(prompts.rows):
             rng = np.random.default_rng([sampling.seed, row]) if sampling.seed is not None \
                 else None
             requests.append(Request(list(tokens), max_new_tokens, sampling,
-                                    frozenset(int(t) for t in eos), rng))
+                                    frozenset(int(t) for t in eos), rng, images=rows[row]))
         return prompts, requests
+
+    def _image_rows(self, prompts: Prompts, images: list | None) -> list:
+        """Each prompt's image features (None for a prompt without images)."""
+        if self.vision is None:
+            if images:
+                raise InputError(f"{self.path} is a text-only model: it takes no images",
+                                 "images", "send text only, or compile an image-text "
+                                 "checkpoint")
+            return [None] * len(prompts.rows)
+        features = self.vision.features(images or [])
+        return self.vision.place(prompts.rows, features)
 
     def _schedule(self, requests: list[Request]):
         scheduler = Scheduler(self.runner)
@@ -161,6 +202,32 @@ class GenerationModel:
             for request in requests:  # an abandoned stream frees its blocks
                 if not request.finished:
                     scheduler.cancel(request)
+
+
+def _forward_images(ids: np.ndarray, embeds: Any, mask: Any) -> list:
+    """Each row's ImageRows of the prefill forward's `image_embeds` and `image_mask`."""
+    batch = 1 if ids.ndim == 1 else ids.shape[0]
+    if embeds is None and mask is None:
+        return [None] * batch
+    embeds = np.asarray(to_numpy(embeds), np.float32)
+    mask = np.asarray(to_numpy(mask)).astype(bool)
+    if embeds.ndim != 3 or mask.shape != embeds.shape[:2] \
+            or mask.shape != ids.reshape(batch, -1).shape:
+        raise InputError(f"image_embeds {list(embeds.shape)} and image_mask "
+                         f"{list(mask.shape)} do not match input_ids {list(ids.shape)}",
+                         "image_embeds", "pass [batch, seq, hidden] rows and a [batch, seq] "
+                         "mask")
+    return [ImageRows(np.flatnonzero(m).astype(np.int64), e[m]) for e, m in zip(embeds, mask)]
+
+
+def _images(pixel_values: Any, images: Sequence[Any] | None) -> list | None:
+    """The request's images: pixel values [n, 3, H, W] split per image, or encoded bytes."""
+    if pixel_values is not None and images:
+        raise InputError("both pixel_values and images given", "pixel_values",
+                         "pass the images one way")
+    if pixel_values is not None:
+        return list(np.asarray(to_numpy(pixel_values)))
+    return list(images) if images else None
 
 
 @dataclass

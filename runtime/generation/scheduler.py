@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -35,6 +36,7 @@ class Sequence:
     cached: int = 0
     finish_reason: str | None = None
     preemptions: int = 0
+    images: Any = None  # vision.ImageRows of the prompt's image tokens, if it has images
 
     def __post_init__(self) -> None:
         self.prompt_len = self.prompt_len or len(self.tokens)
@@ -92,7 +94,7 @@ class Scheduler:
             return []
         parts = [StepPart(np.asarray(seq.tokens[seq.cached:seq.cached + n], np.int64),
                           seq.cached, self.allocator.tables[id(seq)],
-                          seq.cached + n == len(seq.tokens)) for seq, n in members]
+                          seq.cached + n == len(seq.tokens), seq.images) for seq, n in members]
         logits, rows = self.runner.run(parts)
         if self.on_step is not None:
             self.on_step(sum(n for _, n in members), len(members))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -24,11 +25,13 @@ PADDING = -1
 class StepPart:
     """One sequence's share of a step: `tokens` placed at positions start, start + 1, ...;
     `table` its block table (covering every position up to start + len(tokens) - 1);
-    `logits` whether its last token's logits come back."""
+    `logits` whether its last token's logits come back; `images` (a vision.ImageRows) the
+    image features of the sequence's image tokens, by position."""
     tokens: np.ndarray
     start: int
     table: Sequence[int]
     logits: bool = True
+    images: Any = None
 
 
 @dataclass

@@ -103,9 +103,17 @@ def _token_text(token: Any) -> str | None:
 def _check_messages(messages: Any) -> None:
     if not isinstance(messages, (list, tuple)) or not messages or not all(
             isinstance(m, Mapping) and isinstance(m.get("role"), str)
-            and isinstance(m.get("content"), str) for m in messages):
-        raise InputError("messages must be a non-empty list of {'role': str, 'content': str}",
-                         "messages", "pass e.g. [{'role': 'user', 'content': 'Hello'}]")
+            and _content_ok(m.get("content")) for m in messages):
+        raise InputError("messages must be a non-empty list of {'role': str, 'content': str "
+                         "or a list of parts}", "messages",
+                         "pass e.g. [{'role': 'user', 'content': 'Hello'}]")
+
+
+def _content_ok(content: Any) -> bool:
+    """A string, or content parts as chat templates see them ({'type': 'text', 'text': ...},
+    {'type': 'image'})."""
+    return isinstance(content, str) or isinstance(content, list) and all(
+        isinstance(p, Mapping) and isinstance(p.get("type"), str) for p in content)
 
 
 def load_tokenizer(model) -> ArtifactTokenizer | None:

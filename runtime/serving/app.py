@@ -41,7 +41,10 @@ def create_app(model, model_name: str, engine: Engine, metrics: Metrics) -> Fast
             if engine.state != "ok":
                 raise NotAccepting(engine.state)
             body = _decode(await request.body())
-            parsed = parse_request(body, chat, model_name, model)
+            if getattr(model, "vision", None) is not None:  # images decode and encode here
+                parsed = await asyncio.to_thread(parse_request, body, chat, model_name, model)
+            else:
+                parsed = parse_request(body, chat, model_name, model)
             job = engine.submit(parsed, asyncio.get_running_loop())
         except ProtocolError as error:
             return refuse(endpoint, error)

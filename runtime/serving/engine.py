@@ -108,7 +108,8 @@ class Engine:
         sampling = request.sampling
         rng = np.random.default_rng([sampling.seed, 0]) if sampling.seed is not None else None
         sequence = Sequence(list(request.prompt_ids), request.max_tokens, sampling,
-                            frozenset(int(t) for t in self.model.spec.eos_token_ids), rng)
+                            frozenset(int(t) for t in self.model.spec.eos_token_ids), rng,
+                            images=request.images)
         job = Job(request, sequence, TextStream(self.model.tokenizer, request.stop), loop)
         self.metrics.prompt_tokens.inc(len(request.prompt_ids))
         self.inbox.put(("add", job))
@@ -179,6 +180,8 @@ class Engine:
         self.scheduler.add(warm)
         for _ in self.scheduler.run():
             pass
+        if getattr(self.model, "vision", None) is not None:
+            _ = self.model.vision.model  # the vision encoder, loaded before /health says ok
         log.info("warmed up: vocabulary %d, context %d, KV cache %d blocks", spec.vocab_size,
                  spec.max_positions, self.scheduler.allocator.num_blocks)
         self._gauges()

@@ -4,7 +4,11 @@ Everything a client can get wrong is a `ProtocolError`: HTTP 400 with a message 
 (`param` in OpenAI's error shape), raised before the request reaches the engine, so nothing a
 client sends fails later on the engine thread. Fields the server does not act on (`user`,
 `frequency_penalty`, ...) are accepted and ignored, as OpenAI-compatible servers do; fields whose
-meaning it cannot honour (`n` > 1, `echo`, `logprobs`, image content) are refused.
+meaning it cannot honour (`n` > 1, `echo`, `logprobs`, an image for a text-only model) are
+refused. Chat messages of an image-text model may hold `image_url` parts (base64 data URLs of
+PNG or JPEG images: the server fetches nothing); each image is decoded and run through the
+vision encoder here, after the expanded prompt's length was checked against the context and
+the KV cache, so the engine receives the features with the request.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ class GenerationRequest:
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool
+    images: Any = None  # runtime.generation.vision.ImageRows of the prompt's image tokens
 
 
 def parse_request(body: Any, chat: bool, model_name: str, model) -> GenerationRequest:
@@ -60,7 +65,9 @@ def parse_request(body: Any, chat: bool, model_name: str, model) -> GenerationRe
     _refuse_unsupported(body)
     tokenizer = model.tokenizer
     prompt_field = "messages" if chat else "prompt"
-    ids = _chat_ids(body.get("messages"), tokenizer) if chat \
+    vision = getattr(model, "vision", None)
+    images: list[tuple[bytes, str]] = []
+    ids = _chat_ids(body.get("messages"), tokenizer, vision, images) if chat \
         else _prompt_ids(body.get("prompt"), tokenizer)
     spec = model.spec
     bad = [t for t in ids if not 0 <= t < spec.vocab_size]
@@ -84,6 +91,7 @@ def parse_request(body: Any, chat: bool, model_name: str, model) -> GenerationRe
     if allocator.blocks_needed(len(ids) + max_tokens) > allocator.num_blocks:
         raise ProtocolError(field, f"{len(ids) + max_tokens} tokens do not fit the KV cache "
                             f"({cache_tokens} tokens)")
+    rows = _image_rows(vision, ids, images, prompt_field)  # after the cheap checks
     stop = _stop(body.get("stop"))
     if stop and tokenizer is None:
         raise ProtocolError("stop", "stop strings need the artifact's tokenizer, and this "
@@ -94,7 +102,7 @@ def parse_request(body: Any, chat: bool, model_name: str, model) -> GenerationRe
         raise ProtocolError("stream_options", "stream_options must be an object or null")
     include_usage = _optional(options or {}, "include_usage", bool, False, "stream_options.")
     return GenerationRequest(chat, ids, max_tokens, _sampling(body), stop, stream,
-                             include_usage)
+                             include_usage, rows)
 
 
 def _refuse_unsupported(body: dict) -> None:
@@ -133,7 +141,9 @@ def _prompt_ids(prompt: Any, tokenizer) -> list[int]:
                         "integer token ids")
 
 
-def _chat_ids(messages: Any, tokenizer) -> list[int]:
+def _chat_ids(messages: Any, tokenizer, vision, images: list[tuple[bytes, str]]) -> list[int]:
+    """The rendered prompt (image tokens expanded for an image-text model); each image's bytes
+    and field go to `images`."""
     if tokenizer is None:
         raise ProtocolError("messages", "this artifact carries no tokenizer, so no chat "
                             "template: use /v1/completions with token ids")
@@ -153,29 +163,69 @@ def _chat_ids(messages: Any, tokenizer) -> list[int]:
         if not isinstance(role, str) or not role:
             raise ProtocolError(f"{where}.role", f"{where}.role must be a non-empty string")
         plain.append({"role": role, "content": _content(message.get("content"),
-                                                        f"{where}.content")})
+                                                        f"{where}.content", vision, images)})
     try:
         ids = tokenizer.chat_ids(plain)
     except DayzeroError as exc:  # the template refused the messages (raise_exception)
         raise ProtocolError("messages", exc.what) from None
     if not ids:
         raise ProtocolError("messages", "the messages render to no tokens")
-    return ids
+    return vision.expand(ids) if vision is not None else ids
 
 
-def _content(content: Any, where: str) -> str:
+def _content(content: Any, where: str, vision, images: list[tuple[bytes, str]]) -> Any:
+    """A message's content for the chat template: a string, or (with images) the parts as
+    templates see them, {'type': 'text', 'text': ...} and {'type': 'image'}."""
     if isinstance(content, str):
         return content
-    if isinstance(content, list):  # content parts: text only
-        texts = []
-        for j, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text" \
-                    or not isinstance(part.get("text"), str):
-                raise ProtocolError(f"{where}[{j}]", f"{where}[{j}] is not a text part "
-                                    "({'type': 'text', 'text': ...}); images are not supported")
-            texts.append(part["text"])
-        return "".join(texts)
-    raise ProtocolError(where, f"{where} must be a string or a list of text parts")
+    if not isinstance(content, list):
+        raise ProtocolError(where, f"{where} must be a string or a list of content parts")
+    parts = []
+    for j, part in enumerate(content):
+        field = f"{where}[{j}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            parts.append({"type": "text", "text": part["text"]})
+        elif kind == "image_url" and vision is None:
+            raise ProtocolError(field, f"{field} is an image, and this model is text-only: "
+                                "send text parts only")
+        elif kind == "image_url":
+            url = part.get("image_url")
+            url = url.get("url") if isinstance(url, dict) else None
+            images.append((_data_url(url, f"{field}.image_url.url"), f"{field}.image_url"))
+            parts.append({"type": "image"})
+        else:
+            raise ProtocolError(field, f"{field} is not a text part ({{'type': 'text', 'text': "
+                                f"...}})" + (" or an image_url part" if vision else ""))
+    if any(p["type"] == "image" for p in parts):
+        return parts
+    return "".join(p["text"] for p in parts)
+
+
+def _data_url(url: Any, field: str) -> bytes:
+    from ..generation.vision import decode_data_url
+
+    try:
+        return decode_data_url(url, field)
+    except DayzeroError as exc:
+        raise ProtocolError(field, exc.what) from None
+
+
+def _image_rows(vision, ids: list[int], images: list[tuple[bytes, str]], prompt_field: str):
+    """The features of the request's images at its image tokens (vision encoder once per
+    image); an image that does not decode is a 400 naming its part."""
+    if vision is None:
+        return None
+    features = []
+    for data, field in images:
+        try:
+            features.extend(vision.features([data], field))
+        except DayzeroError as exc:
+            raise ProtocolError(field, exc.what) from None
+    try:
+        return vision.place([ids], features, prompt_field)[0]
+    except DayzeroError as exc:
+        raise ProtocolError(prompt_field, exc.what) from None
 
 
 def _max_tokens(body: dict, chat: bool, room: int) -> tuple[str, int]:
