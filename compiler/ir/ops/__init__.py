@@ -13,6 +13,7 @@ from . import (  # noqa: F401
     resize,
     scatter,
     shape,
+    sorting,
 )
 from .registry import KINDS, OPS, REQUIRED, OpDef, ShapeError, define, get_op, register
 
