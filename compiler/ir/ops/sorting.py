@@ -9,11 +9,14 @@ data, but the number of rows is not.
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..dtypes import DType
 from ..symbolic import equal
 from ..types import TensorType
 from . import shape_rules as rules
-from .registry import ShapeError, define
+from .fused import Emitter, decomposes
+from .registry import REQUIRED, ShapeError, define
 
 
 def _torch():
@@ -89,3 +92,43 @@ def _index_put(x, values, *indices, accumulate):
 define("index_put", "x values indices*", _index_put_rule, _index_put, "indexing",
        "x with x[indices] replaced by (accumulate: increased by) values, broadcast to the "
        "indexed shape", accumulate=False)
+
+
+def _histc_rule(types, attrs):
+    x = types[0]
+    if not x.dtype.is_float:
+        raise ShapeError(f"histc counts floats, got {x.dtype}")
+    if attrs["bins"] <= 0 or not attrs["min"] < attrs["max"]:
+        raise ShapeError(f"histc needs bins > 0 and min < max, got bins={attrs['bins']}, "
+                         f"min={attrs['min']}, max={attrs['max']}")
+    return [TensorType(x.dtype, (attrs["bins"],))]
+
+
+define("histc", "x", _histc_rule,
+       lambda x, bins, min, max: _torch().histc(x, bins=bins, min=min, max=max), "reduction",
+       "counts of x's elements in `bins` equal-width bins over [min, max] (torch.histc)",
+       bins=REQUIRED, min=REQUIRED, max=REQUIRED)
+
+
+@decomposes("histc")
+def _histc_decomposition(e: Emitter, inputs, attrs):
+    """torch's CPU kernel: an element's bin is trunc((x - min) * bins / (max - min)) in x's
+    dtype, the element equal to max goes to the last bin, elements outside the range and NaN are
+    not counted; the same arithmetic in the same order gives the same integers."""
+    x = inputs[0]
+    bins, dtype = attrs["bins"], x.dtype
+    scalar = np.dtype(dtype.to_numpy()).type
+    low, high = scalar(attrs["min"]), scalar(attrs["max"])
+    flat = e.op("reshape", x, shape=[-1])
+    inside = e.op("logical_and", e.op("ge", flat, e.const(float(low), dtype)),
+                  e.op("le", flat, e.const(float(high), dtype)))
+    scaled = e.op("mul", e.op("sub", flat, e.const(float(low), dtype)), e.const(float(bins), dtype))
+    width = float(np.subtract(high, low, dtype=low.dtype))
+    position = e.op("cast", e.op("div", scaled, e.const(width, dtype)), dtype=DType.i64)
+    # NaN and out-of-range elements may cast to anything: the mask drops them
+    position = e.op("minimum", e.op("maximum", position, e.const(0, DType.i64)),
+                    e.const(bins - 1, DType.i64))
+    hits = e.op("eq", e.op("reshape", position, shape=[-1, 1]),
+                e.op("arange", start=0, end=bins, step=1, dtype=DType.i64))
+    hits = e.op("logical_and", hits, e.op("reshape", inside, shape=[-1, 1]))
+    return [e.op("sum", e.op("cast", hits, dtype=dtype), dims=[0], keepdim=False)]
