@@ -75,7 +75,8 @@ def routing_of(weights: Value, indices: Value) -> Routing | str:
     node = weights.producer
     if weights is topk.outputs[0]:
         soft = scores.producer
-        if soft is None or soft.op != "softmax" or not last_axis(soft.attrs["dim"], scores.type.rank):
+        if soft is None or soft.op != "softmax" \
+                or not last_axis(soft.attrs["dim"], scores.type.rank):
             return "the router's top-k scores are not a softmax over the experts"
         return Routing(soft.inputs[0], {"routing": "softmax_topk", "normalize": normalize})
     if (node is not None and node.op == "softmax" and not normalize
