@@ -1,6 +1,7 @@
 """Mixture-of-experts models end to end: transformers' own classes with tiny configs (hidden 64,
 2 layers, 4 experts, top-2), compiled with a dynamic sequence length on onnxruntime and reference
-and compared with eager at two lengths. On onnxruntime the MoE blocks that the `moe` rule
+and compared with eager at two lengths (Mixtral on triton too, with onnxruntime for the ops
+Triton lacks). On onnxruntime the MoE blocks that the `moe` rule
 recognises run as com.microsoft.MoE (only the chosen experts are computed); GPT-OSS's clamped,
 interleaved SwiGLU is not a form `moe` expresses, so it runs as the primitive ops."""
 
@@ -12,6 +13,7 @@ import torch
 from torch.export import Dim
 from transformers import AutoConfig, AutoModelForCausalLM
 
+import backends.triton  # noqa: F401  (turns on Triton's interpreter before any export)
 import compiler
 import runtime
 from compiler.hf_models import wrap_pretrained
@@ -41,6 +43,7 @@ def compile_tiny(model_type: str, backend: str, out):
     hf = tiny_moe(model_type)
     module, inputs = wrap_pretrained(hf, {"input_ids": torch.randint(0, 128, (1, 8))}, model_type)
     compiler.compile(module, inputs, out, backend=backend,
+                     fallback="onnxruntime" if backend == "triton" else None,
                      dynamic_shapes=({1: Dim("seq", max=64)},))
     return hf, runtime.load(out)
 
@@ -61,7 +64,7 @@ ALWAYS = {"onnxruntime-mixtral", "onnxruntime-gpt_oss", "reference-mixtral"}
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "case" in metafunc.fixturenames:
         cases = [f"{backend}-{name}" for backend in ("onnxruntime", "reference")
-                 for name in sorted(MODELS)]
+                 for name in sorted(MODELS)] + ["triton-mixtral"]
         metafunc.parametrize("case", sweep(metafunc.config, cases, str, always=ALWAYS))
 
 
