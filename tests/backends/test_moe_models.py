@@ -57,15 +57,18 @@ def assert_matches_eager(hf, model, seqs=(5, 13)) -> None:
 
 
 # Each case exports a 2-layer model (about 15 s of CPU): CI runs these and a fixed sample of the
-# rest, `pytest --sweep` all of them.
+# rest, `pytest --sweep` all of them; triton (its interpreter, about a minute) only then.
 ALWAYS = {"onnxruntime-mixtral", "onnxruntime-gpt_oss", "reference-mixtral"}
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "case" in metafunc.fixturenames:
         cases = [f"{backend}-{name}" for backend in ("onnxruntime", "reference")
-                 for name in sorted(MODELS)] + ["triton-mixtral"]
-        metafunc.parametrize("case", sweep(metafunc.config, cases, str, always=ALWAYS))
+                 for name in sorted(MODELS)]
+        cases = sweep(metafunc.config, cases, str, always=ALWAYS)
+        if metafunc.config.getoption("sweep"):
+            cases.append("triton-mixtral")
+        metafunc.parametrize("case", cases)
 
 
 def test_moe_model_matches_eager(case, tmp_path):
