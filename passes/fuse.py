@@ -25,7 +25,8 @@ class Fuse(Pass):
     Pattern sets (each an option, all on by default; see passes/fusion/): activations (GELU erf
     and tanh forms, SiLU), norms (RMSNorm, LayerNorm, their weight and bias), attention (explicit
     softmax(QK^T*scale+mask)V, repeat_kv -> enable_gqa, causal masks -> is_causal), rotary
-    (rotary_embedding), residual (add + norm -> add_rms_norm / add_layer_norm), mlp (gated MLP),
+    (rotary_embedding), moe (a mixture-of-experts block -> moe), residual (add + norm ->
+    add_rms_norm / add_layer_norm), mlp (gated MLP),
     epilogue (linear + bias + activation), horizontal (linears sharing an input -> one linear).
     They run in phases, each to a fixpoint.
     Guarantees: the graph computes the same values (each fused op's reference is its
@@ -44,6 +45,7 @@ class Fuse(Pass):
     norms: bool = True
     attention: bool = True
     rotary: bool = True
+    moe: bool = True
     residual: bool = True
     mlp: bool = True
     heads: bool = True

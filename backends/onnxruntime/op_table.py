@@ -17,6 +17,7 @@ from compiler.ir.symbolic import is_static
 from . import (
     convert_attention,
     convert_elementwise,
+    convert_experts,
     convert_fused,
     convert_nn,
     convert_reduce,
@@ -35,6 +36,7 @@ CONVERTERS: dict[str, Converter] = {
     **convert_nn.table(),
     **convert_shape.table(),
     **convert_scatter.table(),
+    **convert_experts.table(),
     **convert_resize.table(),
     "scaled_dot_product_attention": convert_attention.sdpa,
 }
@@ -93,6 +95,7 @@ LIMITS: dict[str, Callable[[Node], str | None]] = {
     "avg_pool": _divisor_override,
     "scaled_dot_product_attention": _attention,
     "index": _index,
+    "index_put": convert_experts.index_put_fits,
     **{name: _collective for name in COMMUNICATION_OPS},
 }
 
@@ -102,6 +105,7 @@ LIMIT_NOTES: dict[str, str] = {
     "avg_pool": "divisor_override needs a static channel count and no ceil_mode",
     "scaled_dot_product_attention": "a symbolic head size needs an explicit scale",
     "index": "bool mask indices are not supported (data-dependent result size)",
+    "index_put": "indices on the leading axes only (x[i] = v, x[i, j] = v)",
     **{name: "only the single-rank form (a transfer between ranks is the runtime's)"
        for name in COMMUNICATION_OPS},
 }

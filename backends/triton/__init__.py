@@ -33,11 +33,14 @@ KERNELS_FILE = "kernels.json"
 GENERATOR_VERSION = 2  # 2: matmul/linear/fused_linear as generated GEMM kernels
 
 # Ops run on the host next to the kernels: zero-copy views, data movement, creation, and the
-# library calls (embedding gathers, indexing, attention, paged attention). MATMUL_OPS are GEMM
-# kernels, or torch.matmul where the template does not fit.
+# library calls (embedding gathers, indexing, attention, paged attention; the pieces of a
+# mixture-of-experts layer: sort, topk, histc, index_put and grouped_matmul, whose torch
+# reference multiplies each expert's block of rows only, so only routed experts are computed).
+# MATMUL_OPS are GEMM kernels, or torch.matmul where the template does not fit.
 HOST_KINDS = frozenset({"view", "data_movement", "creation"})
 HOST_OPS = frozenset({"embedding", "scaled_dot_product_attention", "paged_attention", "index",
-                      "index_select", "gather", "cumsum", "masked_scatter"})
+                      "index_select", "gather", "cumsum", "masked_scatter", "sort", "topk",
+                      "histc", "index_put", "grouped_matmul"})
 DTYPES = frozenset({"f32", "f16", "bf16", "i64", "i32", "bool"})
 
 
@@ -82,11 +85,12 @@ def supported_ops() -> frozenset[str]:
 class TritonBackend(Backend):
     name = "triton"
     # Cleanup, causal masks proved, pattern fusion (the attention block stays split: the flash
-    # kernel takes [b, h, s, d] heads), the masks of attention fused from eager matmul/softmax
-    # chains proved too, fusion groups (one generated kernel each) and the memory plan the
-    # executable places intermediates with.
+    # kernel takes [b, h, s, d] heads; MoE blocks too: their grouped_matmuls compute the routed
+    # experts only, where the moe op's decomposition would run every expert), the masks of
+    # attention fused from eager matmul/softmax chains proved too, fusion groups (one generated
+    # kernel each) and the memory plan the executable places intermediates with.
     default_pipeline = ("remove_noops,fold_constants,eliminate_common_subexpressions,"
-                        "recognize_causal_masks,eliminate_dead_code,fuse{heads=false},"
+                        "recognize_causal_masks,eliminate_dead_code,fuse{heads=false,moe=false},"
                         "recognize_causal_masks,eliminate_dead_code,fuse_groups,plan_memory")
 
     def capabilities(self) -> Capabilities:

@@ -105,8 +105,32 @@ def match(layout: CheckpointLayout, model: ModelTensors, model_name: str) -> Bin
         problems.append(f"unexpected tensor '{ckpt}' ({record.file}): "
                         f"{record.dtype}{list(record.shape)}, the model has no such parameter")
     if problems:
-        raise _mismatch_error(layout, model_name, problems)
+        raise _per_expert_error(layout, model, model_name) or _mismatch_error(layout, model_name,
+                                                                               problems)
     return Binding(records, notes)
+
+
+_PER_EXPERT = re.compile(r"\.experts\.\d+\.")
+_STACKED = re.compile(r"\.experts\.[A-Za-z_]+$")
+
+
+def _per_expert_error(layout: CheckpointLayout, model: ModelTensors, model_name: str
+                      ) -> CheckpointError | None:
+    """A mixture-of-experts checkpoint in the Hub's layout (one tensor per expert) for a model
+    that keeps its experts stacked ([experts, ...] parameters, transformers 5): the config is
+    the right one, the layouts differ. Not the generic 'wrong config.json' error."""
+    per_expert = sorted(n for n in layout.tensors if _PER_EXPERT.search(n))
+    stacked = sorted(n for n in model.expected if _STACKED.search(n))
+    if not per_expert or not stacked:
+        return None
+    return CheckpointError(
+        f"checkpoint {layout.root} stores its experts one tensor per expert ({len(per_expert)} "
+        f"tensors such as '{per_expert[0]}'), while {model_name} keeps them stacked (parameters "
+        f"such as '{stacked[0]}'); dayzero's streamed loader does not stack per-expert tensors",
+        str(layout.root / (layout.index or layout.files[0])),
+        "compile the model as transformers loads it: a SPEC whose function returns "
+        "AutoModelForCausalLM.from_pretrained(folder) and its inputs (transformers converts "
+        "the layout while loading)")
 
 
 def _rename(layout: CheckpointLayout, model: ModelTensors) -> dict[str, str]:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from compiler.ir import Graph
 
 from ..rewrite import RewriteRecord, RuleSet
-from . import activations, attention, heads, mlp, norms, rotary
+from . import activations, attention, heads, mlp, moe, norms, rotary
 from .horizontal import merge_horizontal
 
 RULE_SETS: dict[str, RuleSet] = {
@@ -24,6 +24,7 @@ RULE_SETS: dict[str, RuleSet] = {
     "rotary": rotary.RULES,
     "residual": norms.RESIDUAL_RULES,
     "mlp": mlp.GATED_RULES,
+    "moe": moe.RULES,
     "heads": heads.RULES,
     "epilogue": mlp.EPILOGUE_RULES,
 }
@@ -34,7 +35,7 @@ TRANSFORMS: dict[str, Callable[[Graph], list[RewriteRecord]]] = {
 }
 
 PHASES: tuple[tuple[str, ...], ...] = (
-    ("activations", "norms", "attention", "rotary"),
+    ("activations", "norms", "attention", "rotary", "moe"),
     ("residual", "mlp", "heads"),
     ("epilogue",),
     ("horizontal",),

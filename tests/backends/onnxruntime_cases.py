@@ -338,6 +338,53 @@ def _resize(g):
             op(g, "resize", [x], size=[3, 7], mode="nearest").output]
 
 
+def _sort(g):
+    """Integer keys with ties (stable order), and floats sorted descending along dim 0."""
+    keys = g.add_input("keys", t(I64, S, 6))
+    x = g.add_input("x", t(F, S, 3))
+    return [*g.add_node("sort", [keys], {"dim": 1}).outputs,
+            *g.add_node("sort", [x], {"dim": 0, "descending": True}).outputs]
+
+
+def _histc(g):
+    """Values inside, on the edges of and outside [0, 3]."""
+    x = g.add_input("x", t(F, S, 4))
+    return [op(g, "histc", [x], bins=4, min=0.0, max=3.0).output]
+
+
+def _grouped_matmul(g):
+    """Offsets with an empty group and rows past the last offset (which are zero)."""
+    x = g.add_input("x", t(F, S, 4))
+    w = weight(g, "w", rng_arrays(11, (3, 4, 5))[0])
+    offsets = weight(g, "offsets", np.array([1, 1, 2], dtype=np.int32))
+    return [op(g, "grouped_matmul", [x, w, offsets]).output]
+
+
+def _index_put(g):
+    """The inverse of a permutation (inv[perm] = arange) and an accumulating row scatter."""
+    perm = op(g, "sort", [g.add_input("keys", t(F, S))]).outputs[1]
+    rows = op(g, "arange", [], start=0, end=S, step=1, dtype=I64).output
+    empty = op(g, "full", [], shape=[S], value=0, dtype=I64).output
+    x = g.add_input("x", t(F, 3, 4))
+    idx = g.add_input("idx", t(I64, S))
+    values = g.add_input("values", t(F, S, 4))
+    return [op(g, "index_put", [empty, rows, perm]).output,
+            op(g, "index_put", [x, values, idx], accumulate=True).output]
+
+
+def _moe(routing: str, normalize: bool = False, bias: bool = False, scale: float = 1.0):
+    def build(g):
+        x = g.add_input("x", t(F, S, 8))
+        logits = g.add_input("logits", t(F, S, 4))
+        w1, w2, b1, b2, sb = rng_arrays(12, (4, 8, 12), (4, 6, 8), (4, 12), (4, 8), (4,))
+        ins = [x, logits, weight(g, "w1", w1), weight(g, "w2", w2),
+               weight(g, "b1", b1) if bias else None, weight(g, "b2", b2) if bias else None,
+               weight(g, "sb", sb) if routing == "sigmoid_topk" else None]
+        return [op(g, "moe", ins, top_k=2, routing=routing, normalize=normalize,
+                   scale=scale).output]
+    return build
+
+
 CASES: dict[str, Case] = {
     **{name: unary(name) for name in [
         "neg", "abs", "exp", "exp2", "expm1", "sin", "cos", "atan", "sinh", "cosh", "tanh",
@@ -492,5 +539,13 @@ CASES: dict[str, Case] = {
                                                    g.add_input("b", t(DType.f16, 4, 3))]).output],
                        tol=1e-2),
     "masked_scatter": Case(_masked_scatter),
+    "sort": Case(_sort, {"keys": (0, 3)}),
+    "histc": Case(_histc, {"x": (-1.0, 4.0)}),
+    "grouped_matmul": Case(_grouped_matmul),
+    "index_put": Case(_index_put, {"idx": (0, 2)}),
+    "moe": Case(_moe("softmax_topk", normalize=True)),
+    "moe_bias": Case(_moe("softmax_topk", bias=True)),
+    "moe_topk_softmax": Case(_moe("topk_softmax")),
+    "moe_sigmoid": Case(_moe("sigmoid_topk", normalize=True, scale=2.5)),
     "resize": Case(_resize),
 }

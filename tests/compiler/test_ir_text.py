@@ -120,6 +120,13 @@ OP_EXAMPLES = {
     "full": ([], {"shape": [S0, sympy.Max(1, S0 - 3)], "value": -1, "dtype": DType.i64}),
     "arange": ([], {"start": 0, "end": sympy.floor(S0 / 2), "step": 1}),
     "masked_scatter": ([f32(1, S0, 4), b(1, S0, 1), f32(3, 4)], {}),
+    "sort": ([f32(S0, 8)], {"dim": 0, "descending": True}),
+    "histc": ([f32(S0)], {"bins": 4, "min": 0.0, "max": 3.0}),
+    "grouped_matmul": ([f32(S0, 8), W(f32(4, 8, 6)), TensorType(DType.i32, (4,))], {}),
+    "index_put": ([i64(S0), i64(S0), i64(S0)], {"accumulate": True}),
+    "moe": ([f32(S0, 8), f32(S0, 4), W(f32(4, 8, 12)), W(f32(4, 6, 8)), None, W(f32(4, 8)),
+             W(f32(4))], {"top_k": 2, "routing": "sigmoid_topk", "normalize": True,
+                          "normalize_eps": 1e-20, "scale": 2.5}),
     "resize": ([f32(1, 3, S0, 8)], {"size": [16, 16], "mode": "bilinear", "align_corners": True}),
 }
 

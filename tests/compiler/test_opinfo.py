@@ -116,7 +116,7 @@ CORE_OPS = {
     "nn.functional.layer_norm", "nn.functional.gelu", "nn.functional.silu",
     "nn.functional.scaled_dot_product_attention", "nn.functional.conv2d", "cat", "reshape",
     "transpose", "permute", "expand", "slice", "mean", "sum", "amax", "cumsum", "topk", "sort",
-    "gather", "index_select", "argmax", "masked_fill", "tril",
+    "gather", "index_select", "argmax", "masked_fill", "tril", "argsort", "histc", "index_put",
 }
 
 

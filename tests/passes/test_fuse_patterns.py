@@ -267,3 +267,32 @@ def test_pattern_sets_can_be_switched_off():
     assert [n.op for n in graph.nodes] == ["fused_linear", "linear", "mul", "linear"]
     assert [r.rule for r in manager.passes[0].records()] == ["linear_activation"]
     assert manager.passes[0].spec() == "fuse{mlp=false,horizontal=false}"
+
+
+def _moe_variant(old: str, new: str) -> str:
+    text = (CASES / "moe.dzir").read_text()
+    assert old in text
+    return text.replace(old, new)
+
+
+MOE_REFUSED = {
+    "sigmoid scores are not a softmax": (
+        _moe_variant("= softmax(%logits) {dim=-1}", "= sigmoid(%logits)"),
+        "the router's top-k scores are not a softmax over the experts"),
+    "histc counting another range": (
+        _moe_variant("{bins=4, min=0.0, max=3.0}", "{bins=4, min=0.0, max=4.0}"),
+        "histc {'bins': 4, 'min': 0.0, 'max': 4.0} does not count 4 experts"),
+    "gate and up swapped halves": (
+        _moe_variant("%act: f32[2*s0, 6] = silu(%gate)", "%act: f32[2*s0, 6] = silu(%up)")
+        .replace("= mul(%act, %up)", "= mul(%act, %gate)"),
+        "gate and up are not the two halves [0:6] and [6:] of the projection"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MOE_REFUSED))
+def test_moe_refusals_say_why(case):
+    text, reason = MOE_REFUSED[case]
+    graph, manager = fuse_text(text)
+    assert "moe(" not in print_ir(graph)
+    verdicts = dict(explain(graph, "out", ALL_RULES))
+    assert verdicts.get("moe") == reason, verdicts

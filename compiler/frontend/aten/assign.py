@@ -2,7 +2,10 @@
 
 `slice_scatter` (step 1) is the untouched parts and the new slice, concatenated; `index_put` with
 one boolean mask and a single value is a `where`, the form attention-mask code takes
-(`scores[mask] = -inf`). Other index_put forms scatter to data-dependent places: unsupported.
+(`scores[mask] = -inf`); with integer index tensors it is the IR's `index_put` (a scatter to
+places the data picks, into a result of x's static shape: MoE layers invert their sort
+permutation with `inv[perm] = arange(n)`). Other boolean-mask forms are data-dependent in size:
+unsupported.
 """
 
 from __future__ import annotations
@@ -39,9 +42,14 @@ def _slice_scatter(em: AtenEmitter, a):
     return parts[0] if len(parts) == 1 else em.op("concat", *parts, dim=dim)
 
 
-@converts("index_put.default", ir="where")
+@converts("index_put.default", ir="where, index_put")
 def _index_put(em: AtenEmitter, a):
     x, indices, values = a["self"], list(a["indices"]), a["values"]
+    present = [i for i in indices if i is not None]
+    if present and all(not i.dtype.is_float and i.dtype not in (DType.bool, DType.u8)
+                       for i in present):
+        return em.op("index_put", x, em.cast(values, x.dtype), *indices,
+                     accumulate=bool(a["accumulate"]))
     mask = indices[0] if len(indices) == 1 else None
     if mask is None or mask.dtype != DType.bool or mask.type.rank > x.type.rank:
         raise Unsupported("index assignment other than x[bool_mask] = value (a scatter)")

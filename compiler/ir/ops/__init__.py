@@ -5,6 +5,7 @@ from . import (  # noqa: F401
     collective,
     elementwise,
     fused,
+    moe,
     multi_head,
     nn,
     paged,
@@ -13,6 +14,7 @@ from . import (  # noqa: F401
     resize,
     scatter,
     shape,
+    sorting,
 )
 from .registry import KINDS, OPS, REQUIRED, OpDef, ShapeError, define, get_op, register
 

@@ -1,0 +1,123 @@
+"""Mixture-of-experts blocks: transformers' grouped expert path becomes one `moe` node.
+
+What the pattern finds is the computation, not a model class (transformers 5 exports it for
+Mixtral, Qwen2/3-MoE, OLMoE, Granite-MoE and the others that share its expert kernels): the
+token-expert pairs sorted by expert, counted per expert (`histc`, cumulated into offsets), two
+`grouped_matmul`s with a gated activation between them, each row scaled by its routing weight,
+put back in token order by the inverse permutation and summed over the k choices.
+
+The routing weights and indices must come from one `topk` of the router's scores, in a form the
+`moe` op's `routing` attribute names: softmax then top-k (optionally renormalised by the sum), or
+top-k of the logits then a softmax. Anything else is left unfused and runs as the primitive ops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from compiler.ir import Value
+
+from ..rewrite import RuleSet, rule
+from ..rewrite.match import same_dim
+from .common import activation_name, last_axis, misfit
+
+
+def _experts(op, x, w_gate_up, w_down, weights, indices):
+    flat_ids = op.reshape(indices, _name="flat_ids")
+    perm = op.sort(flat_ids, _output=1, _name="perm")
+    sorted_ids = op.sort(flat_ids, _output=0)
+    counts = op.histc(op.cast(sorted_ids), _name="counts")
+    offsets = op.cast(op.cumsum(op.cast(counts)))
+    tokens = op.index(x, op.div(perm, op.const(name="k"), rounding_mode="floor"))
+    hidden = op.grouped_matmul(tokens, w_gate_up, offsets)
+    gate = op.slice(hidden, _name="gate")
+    up = op.slice(hidden, _name="up")
+    act = op.any_of(*(getattr(op, a)(gate) for a in ("silu", "gelu", "relu")), name="act")
+    down = op.grouped_matmul(op.mul(act, up), w_down, offsets)
+    scaled = op.mul(down, op.reshape(op.index(op.reshape(weights), perm)))
+    inverse = op.index_put(op.full(), op.arange(_name="rows"), perm)
+    return op.sum(op.reshape(op.index(scaled, inverse), _name="per_choice"), _name="out")
+
+
+@dataclass(frozen=True)
+class Routing:
+    logits: Value
+    attrs: dict[str, Any]
+
+
+def _strip_cast(value: Value) -> Value:
+    while value.producer is not None and value.producer.op == "cast" \
+            and value.producer.inputs[0].dtype == value.dtype:
+        value = value.producer.inputs[0]
+    return value
+
+
+def routing_of(weights: Value, indices: Value) -> Routing | str:
+    """The routing that made (weights, indices), or why it is not one `moe` can express."""
+    topk = indices.producer
+    if topk is None or topk.op != "topk" or topk.outputs[1] is not indices:
+        return f"%{indices.name} is not the indices of a topk"
+    a = topk.attrs
+    if not (a["largest"] and last_axis(a["dim"], topk.inputs[0].type.rank)):
+        return "the router's topk is not of the largest scores along the experts"
+    weights, normalize = _strip_cast(weights), False
+    node = weights.producer
+    if node is not None and node.op == "div" and node.attrs.get("rounding_mode") is None:
+        total = node.inputs[1].producer
+        if (total is None or total.op != "sum" or not total.attrs["keepdim"]
+                or total.inputs[0] is not node.inputs[0]
+                or not last_axis(total.attrs["dims"][0] if len(total.attrs["dims"]) == 1
+                                 else None, node.inputs[0].type.rank)):
+            return "the routing weights are divided by something other than their sum"
+        weights, normalize = _strip_cast(node.inputs[0]), True
+    scores = _strip_cast(topk.inputs[0])
+    node = weights.producer
+    if weights is topk.outputs[0]:
+        soft = scores.producer
+        if soft is None or soft.op != "softmax" \
+                or not last_axis(soft.attrs["dim"], scores.type.rank):
+            return "the router's top-k scores are not a softmax over the experts"
+        return Routing(soft.inputs[0], {"routing": "softmax_topk", "normalize": normalize})
+    if (node is not None and node.op == "softmax" and not normalize
+            and _strip_cast(node.inputs[0]) is topk.outputs[0]):
+        return Routing(scores, {"routing": "topk_softmax", "normalize": False})
+    return "the routing weights are not the topk values, their softmax or their normalised sum"
+
+
+def _check(ctx, x, w_gate_up, w_down, weights, indices, k, counts, rows, gate, up, act,
+           per_choice, out, perm, flat_ids, **_):
+    routing = routing_of(weights, indices)
+    if isinstance(routing, str):
+        return routing
+    experts, inter = w_gate_up.shape[0], w_down.shape[1]
+    if indices.type.rank != 2 or indices.shape[1] != k or weights.type.rank != 2:
+        return f"the routing is not [tokens, {k}]"
+    if perm.producer.attrs["descending"] or flat_ids.type.rank != 1:
+        return "the pairs are not sorted by expert, ascending"
+    h = counts.producer.attrs
+    if (h["bins"], h["min"], h["max"]) != (experts, 0.0, experts - 1):
+        return f"histc {h} does not count {experts} experts"
+    g, u = gate.producer.attrs, up.producer.attrs
+    if (g["dim"] % 2, g["start"], g["step"], u["dim"] % 2, u["step"]) != (1, 0, 1, 1, 1) \
+            or not same_dim(g["end"], inter) or not same_dim(u["start"], inter):
+        return f"gate and up are not the two halves [0:{inter}] and [{inter}:] of the projection"
+    r = rows.producer.attrs
+    if r["start"] != 0 or r["step"] != 1 or not same_dim(r["end"], flat_ids.shape[0]):
+        return "the inverse permutation is not written from arange(pairs)"
+    if per_choice.type.rank != 3 or out.producer.attrs["dims"] not in ([1], [-2]) \
+            or out.producer.attrs["keepdim"] or not same_dim(per_choice.shape[1], k):
+        return "the expert outputs are not summed over the k choices"
+    return misfit("moe", [x, routing.logits, w_gate_up, w_down, None, None, None], top_k=k,
+                  activation=activation_name(act), **routing.attrs)
+
+
+def _rewrite(op, x, w_gate_up, w_down, weights, indices, k, act, **_):
+    routing = routing_of(weights, indices)
+    return op.moe(x, routing.logits, w_gate_up, w_down, None, None, None, top_k=k,
+                  activation=activation_name(act), **routing.attrs)
+
+
+MOE = rule("moe", _experts, _rewrite, check=_check)
+
+RULES = RuleSet([MOE], "moe")
