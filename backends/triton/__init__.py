@@ -37,7 +37,7 @@ GENERATOR_VERSION = 2  # 2: matmul/linear/fused_linear as generated GEMM kernels
 # kernels, or torch.matmul where the template does not fit.
 HOST_KINDS = frozenset({"view", "data_movement", "creation"})
 HOST_OPS = frozenset({"embedding", "scaled_dot_product_attention", "paged_attention", "index",
-                      "index_select", "gather", "cumsum", "masked_scatter"})
+                      "index_select", "gather", "cumsum", "masked_scatter", "scatter"})
 DTYPES = frozenset({"f32", "f16", "bf16", "i64", "i32", "bool"})
 
 

@@ -120,6 +120,7 @@ OP_EXAMPLES = {
     "full": ([], {"shape": [S0, sympy.Max(1, S0 - 3)], "value": -1, "dtype": DType.i64}),
     "arange": ([], {"start": 0, "end": sympy.floor(S0 / 2), "step": 1}),
     "masked_scatter": ([f32(1, S0, 4), b(1, S0, 1), f32(3, 4)], {}),
+    "scatter": ([f32(S0, 4), i64(S0, 2), f32(S0, 2)], {"dim": 1, "reduce": "amax"}),
     "resize": ([f32(1, 3, S0, 8)], {"size": [16, 16], "mode": "bilinear", "align_corners": True}),
 }
 

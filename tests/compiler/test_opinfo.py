@@ -116,7 +116,9 @@ CORE_OPS = {
     "nn.functional.layer_norm", "nn.functional.gelu", "nn.functional.silu",
     "nn.functional.scaled_dot_product_attention", "nn.functional.conv2d", "cat", "reshape",
     "transpose", "permute", "expand", "slice", "mean", "sum", "amax", "cumsum", "topk", "sort",
-    "gather", "index_select", "argmax", "masked_fill", "tril",
+    "gather", "index_select", "argmax", "masked_fill", "tril", "scatter", "scatter_add",
+    "scatter_reduce.sum", "scatter_reduce.prod", "scatter_reduce.mean", "scatter_reduce.amax",
+    "scatter_reduce.amin",
 }
 
 
