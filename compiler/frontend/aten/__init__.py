@@ -1,7 +1,18 @@
 """The ATen conversion table (see `table.py`); importing this package fills it."""
 
 # imported for their registration side effect
-from . import assign, creation, elementwise, nn, reduction, resize, scatter, shape  # noqa: F401
+from . import (  # noqa: F401
+    assign,
+    complex_numbers,
+    creation,
+    elementwise,
+    nn,
+    reduction,
+    resize,
+    scatter,
+    shape,
+    spectral,
+)
 from .table import CONVERTERS, TARGETS, Converter, converts
 
 __all__ = ["CONVERTERS", "TARGETS", "Converter", "converts"]
