@@ -230,7 +230,8 @@ for _names, _fn in [(("alias.default", "clone.default", "contiguous.default", "d
                     (("view.default", "_unsafe_view.default", "reshape.default",
                       "unsqueeze.default", "squeeze.dim", "squeeze.dims", "squeeze.default",
                       "flatten.using_ints"), shape_ops._reshape),
-                    (("expand.default",), shape_ops._expand)]:
+                    (("expand.default",), shape_ops._expand),
+                    (("_assert_tensor_metadata.default",), shape_ops._dropped)]:
     complex_converts(*_names)(_same(_fn))
 
 
