@@ -137,9 +137,10 @@ class RemoveNoops(Pass):
 
     Needs: a valid graph. Rules (table `RULES`): reshape to the same shape, identity permute,
     expand to the same shape, cast to the same dtype, slice with start 0 and step 1 covering the
-    whole dim (or exactly one operand of the concat it slices), concat of one input (besides empty ones), multiplication or division by a 0-d
-    constant 1 are removed and their uses (graph outputs included) read the operand instead;
-    reshape(reshape(x)) becomes one reshape of x.
+    whole dim (or exactly one operand of the concat it slices), concat of one input (besides
+    empty ones), multiplication or division by a 0-d constant 1 are removed and their uses
+    (graph outputs included) read the operand instead; reshape(reshape(x)) becomes one reshape
+    of x.
     Guarantees: the graph computes the same values with the same types; a graph output that was
     a no-op result is rewired to the operand (so it may become an input or a weight); nodes left
     unused by a collapsed chain are removed, other pre-existing dead code is left to
