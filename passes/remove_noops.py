@@ -60,7 +60,27 @@ def _permute(node: Node) -> Value | None:
 def _slice(node: Node) -> Value | None:
     x, attrs = node.inputs[0], node.attrs
     whole = attrs["step"] == 1 and attrs["start"] == 0 and same_type(x.type, node.output.type)
-    return x if whole else None
+    return x if whole else _part_of_concat(node)
+
+
+def _part_of_concat(node: Node) -> Value | None:
+    """A step-1 slice that takes back exactly one operand of a concat along the same dim (the
+    functionalized `buf = new_empty(...); buf[..., :a] = x; buf[..., a:] = y` of DeepSeek's
+    key assembly writes and re-reads its parts this way)."""
+    inner, attrs = node.inputs[0].producer, node.attrs
+    if inner is None or inner.op != "concat" or attrs["step"] != 1:
+        return None
+    rank = max(node.output.type.rank, 1)
+    dim = attrs["dim"] % rank
+    if inner.attrs["dim"] % rank != dim:
+        return None
+    offset = 0
+    for part in inner.inputs:
+        end = offset + part.shape[dim]
+        if equal(attrs["start"], offset) and equal(attrs["end"], end):
+            return part if same_type(part.type, node.output.type) else None
+        offset = end
+    return None
 
 
 def _concat(node: Node) -> Value | None:
@@ -99,7 +119,7 @@ RULES: dict[str, Rule] = {
     "permute": _permute,            # identity permutation
     "expand": _identity_if_same_type,  # expand to the same shape
     "cast": _identity_if_same_type,    # cast to the same dtype
-    "slice": _slice,                # start=0, step=1, covering the whole dim
+    "slice": _slice,                # start=0, step=1, covering the whole dim (or a concat's part)
     "concat": _concat,              # concat of one input (and empty ones)
     "mul": _times_one,              # x * 1 (a rotary table scaled by attention_scaling = 1)
     "div": _times_one,              # x / 1
@@ -117,9 +137,10 @@ class RemoveNoops(Pass):
 
     Needs: a valid graph. Rules (table `RULES`): reshape to the same shape, identity permute,
     expand to the same shape, cast to the same dtype, slice with start 0 and step 1 covering the
-    whole dim, concat of one input (besides empty ones), multiplication or division by a 0-d
-    constant 1 are removed and their uses (graph outputs included) read the operand instead;
-    reshape(reshape(x)) becomes one reshape of x.
+    whole dim (or exactly one operand of the concat it slices), concat of one input (besides
+    empty ones), multiplication or division by a 0-d constant 1 are removed and their uses
+    (graph outputs included) read the operand instead; reshape(reshape(x)) becomes one reshape
+    of x.
     Guarantees: the graph computes the same values with the same types; a graph output that was
     a no-op result is rewired to the operand (so it may become an input or a weight); nodes left
     unused by a collapsed chain are removed, other pre-existing dead code is left to

@@ -1,4 +1,7 @@
-"""masked_scatter: the data-dependent merge of vision-language models, in standard ONNX ops.
+"""masked_scatter and scatter: data-dependent writes, in standard ONNX ops.
+
+`scatter` is ScatterElements (opset 18 has every reduction the IR's op names); a 0-d operand
+is taken as one element, since ONNX wants rank >= 1.
 
 ONNX has no masked scatter. With the target and the mask broadcast together and flattened, each
 masked position takes the source element whose index is the number of masked positions before
@@ -30,5 +33,21 @@ def masked_scatter(b: Builder, node: Node, x: list) -> list:
     return [b.op1("Reshape", [merged, shape])]
 
 
+_REDUCTIONS = {"none": "none", "sum": "add", "prod": "mul", "amax": "max", "amin": "min"}
+
+
+def scatter(b: Builder, node: Node, x: list) -> list:
+    target, index, src = x
+    rank = node.inputs[0].type.rank
+    if rank == 0:
+        one = b.ints([0])
+        target, index, src = (b.op1("Unsqueeze", [t, one]) for t in (target, index, src))
+    if node.inputs[1].dtype != DType.i64:
+        index = b.op1("Cast", [index], to=ONNX_DTYPES[DType.i64])
+    out = b.op1("ScatterElements", [target, index, src], axis=node.attrs["dim"] % max(rank, 1),
+                reduction=_REDUCTIONS[node.attrs["reduce"]])
+    return [b.op1("Squeeze", [out, b.ints([0])]) if rank == 0 else out]
+
+
 def table() -> dict[str, Converter]:
-    return {"masked_scatter": masked_scatter}
+    return {"masked_scatter": masked_scatter, "scatter": scatter}

@@ -39,8 +39,8 @@ GENERATOR_VERSION = 2  # 2: matmul/linear/fused_linear as generated GEMM kernels
 # MATMUL_OPS are GEMM kernels, or torch.matmul where the template does not fit.
 HOST_KINDS = frozenset({"view", "data_movement", "creation"})
 HOST_OPS = frozenset({"embedding", "scaled_dot_product_attention", "paged_attention", "index",
-                      "index_select", "gather", "cumsum", "masked_scatter", "sort", "topk",
-                      "histc", "index_put", "grouped_matmul"})
+                       "index_select", "gather", "cumsum", "masked_scatter", "sort", "topk",
+                       "histc", "index_put", "grouped_matmul", "scatter"})
 DTYPES = frozenset({"f32", "f16", "bf16", "i64", "i32", "bool"})
 
 

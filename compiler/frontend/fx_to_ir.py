@@ -24,6 +24,7 @@ from compiler.ir.ops import ShapeError
 from compiler.ir.symbolic import equal, evaluate
 
 from .aten import CONVERTERS
+from .aten.complex_numbers import COMPLEX, Complex, is_complex, real_view
 from .decompositions import SIZE_OPS
 from .emitter import AtenEmitter, Unsupported, ir_dtype
 from .locations import Location, node_location
@@ -157,6 +158,7 @@ class FxConverter:
             return tuple(self.placeholder_for(v) for v in val)
         if not isinstance(val, torch.Tensor):
             return MISSING
+        val = real_view(val)
         try:
             return Value(f"missing{len(self.missing)}", TensorType(
                 ir_dtype(val.dtype), tuple(self.symbols.expr(d) for d in val.shape)))
@@ -171,10 +173,11 @@ class FxConverter:
         if name in SIZE_OPS or not isinstance(node.target, torch._ops.OpOverload):
             if _is_scalar(node.meta.get("val")):
                 return self.size_expression(node, name)
-        converter = CONVERTERS.get(name)
+        on_complex = _on_complex(node)
+        converter = (COMPLEX if on_complex else CONVERTERS).get(name)
         if converter is None:
-            return self.report(node, name)
-        args = self.lookup((node.args, node.kwargs))
+            return self.report(node, f"{name} on complex tensors" if on_complex else name, name)
+        args = self.lookup((node.args, node.kwargs), on_complex)
         if _contains_missing(args):
             return self.blocked(node, name)
         return self.convert(node, name, converter, bind_arguments(node.target, *args))
@@ -189,13 +192,18 @@ class FxConverter:
             return MISSING
         return self.report(node, known[0], name, into=known[1])
 
-    def lookup(self, arg: Any) -> Any:
+    def lookup(self, arg: Any, mark_complex: bool = False) -> Any:
+        """The converted values of a node's arguments; with `mark_complex`, complex ones
+        wrapped in `Complex` (their IR values alone do not say so)."""
         if isinstance(arg, FxNode):
-            return self.env.get(arg, MISSING)
+            value = self.env.get(arg, MISSING)
+            if mark_complex and value is not MISSING and is_complex(arg.meta.get("val")):
+                return Complex(value)
+            return value
         if isinstance(arg, (list, tuple)):
-            return type(arg)(self.lookup(a) for a in arg)
+            return type(arg)(self.lookup(a, mark_complex) for a in arg)
         if isinstance(arg, dict):
-            return {k: self.lookup(v) for k, v in arg.items()}
+            return {k: self.lookup(v, mark_complex) for k, v in arg.items()}
         return arg
 
     def size_expression(self, node: FxNode, name: str) -> Any:
@@ -216,7 +224,7 @@ class FxConverter:
 
     def convert(self, node: FxNode, name: str, converter: Callable, args: dict) -> Any:
         loc = self.location(node)
-        self.emitter.begin(node.name, str(loc), node.meta.get("val"))
+        self.emitter.begin(node.name, str(loc), real_view(node.meta.get("val")))
         try:
             result = converter(self.emitter, args)
             self.emitter.finish(result)
@@ -236,7 +244,7 @@ class FxConverter:
 
     # -- cross-check against torch ----------------------------------------------------------------
     def check(self, node: FxNode, result: Any) -> None:
-        val = node.meta.get("val")
+        val = real_view(node.meta.get("val"))
         if result is None or val is None:
             return
         pairs = zip(result, val) if isinstance(result, (tuple, list)) else [(result, val)]
@@ -281,6 +289,17 @@ def _unbacked_symbols(val: Any) -> list[str]:
         if isinstance(d, _SYM_INT_TYPES):
             names += [s.name for s in d.node.expr.free_symbols if s.name.startswith("u")]
     return names
+
+
+def _on_complex(node: FxNode) -> bool:
+    """Whether a node takes or makes complex tensors (converted by the COMPLEX table)."""
+    if is_complex(node.meta.get("val")) or any(is_complex(v) for v in _vals(node.meta.get("val"))):
+        return True
+    return any(is_complex(n.meta.get("val")) for n in node.all_input_nodes)
+
+
+def _vals(val: Any) -> list:
+    return list(val) if isinstance(val, (tuple, list)) else []
 
 
 def _is_scalar(val: Any) -> bool:

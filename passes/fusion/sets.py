@@ -14,7 +14,7 @@ from collections.abc import Callable
 from compiler.ir import Graph
 
 from ..rewrite import RewriteRecord, RuleSet
-from . import activations, attention, heads, mlp, moe, norms, rotary
+from . import activations, attention, heads, latent, mlp, moe, norms, rotary
 from .horizontal import merge_horizontal
 
 RULE_SETS: dict[str, RuleSet] = {
@@ -25,7 +25,7 @@ RULE_SETS: dict[str, RuleSet] = {
     "residual": norms.RESIDUAL_RULES,
     "mlp": mlp.GATED_RULES,
     "moe": moe.RULES,
-    "heads": heads.RULES,
+    "heads": heads.RULES + latent.RULES,  # latent attention: the same block, MLA's keys
     "epilogue": mlp.EPILOGUE_RULES,
 }
 

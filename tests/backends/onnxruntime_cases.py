@@ -163,6 +163,22 @@ def _gather(name):
     return build
 
 
+def _scatter(g):
+    x = g.add_input("x", t(F, S, 5))
+    i = g.add_input("i", t(I64, S, 3))
+    src = g.add_input("src", t(F, S, 3))
+    return [op(g, "scatter", [x, i, src], dim=1, reduce=r).output for r in ("sum", "amax")]
+
+
+def _latent_attention(g):
+    q = g.add_input("q", t(F, 1, 4, S, 16))
+    latent = g.add_input("latent", t(F, 1, 1, S, 16))
+    k_rope = g.add_input("k_rope", t(F, 1, 1, S, 8))
+    w = weight(g, "kv_b", np.random.default_rng(0).standard_normal((80, 16)).astype(np.float32))
+    return [op(g, "latent_attention", [q, latent, k_rope, w, None], num_heads=4, nope_head_dim=8,
+               v_head_dim=12, scale=0.25, is_causal=True).output]
+
+
 def _concat(g):
     a, b = g.add_input("a", t(F, S, 2)), g.add_input("b", t(F, S, 3))
     return [op(g, "concat", [a, b, a], dim=1).output]
@@ -547,5 +563,7 @@ CASES: dict[str, Case] = {
     "moe_bias": Case(_moe("softmax_topk", bias=True)),
     "moe_topk_softmax": Case(_moe("topk_softmax")),
     "moe_sigmoid": Case(_moe("sigmoid_topk", normalize=True, scale=2.5)),
+    "scatter": Case(_scatter, {"i": (0, 4)}),
+    "latent_attention": Case(_latent_attention),
     "resize": Case(_resize),
 }

@@ -75,6 +75,9 @@ OP_EXAMPLES = {
         [f32(1, S0, 32), f32(1, S0, 16), f32(1, S0, 16), f32(1, 1, S0, 8), f32(1, 1, S0, 8),
          None], {"num_heads": 4, "kv_num_heads": 2, "is_causal": True, "window": 4,
                  "softcap": 50.0}),
+    "latent_attention": ([f32(1, 4, S0, 24), f32(1, 1, S0, 16), f32(1, 1, S0, 8), W(f32(80, 16)),
+                          None], {"num_heads": 4, "nope_head_dim": 16, "v_head_dim": 4,
+                                  "is_causal": True, "scale": 0.25}),
     "quantized_linear": ([f32(S0, 64), W(TensorType(DType.u8, (4, 2, 16))), W(f32(8)), None],
                          {"bits": 4, "group_size": 32, "in_features": 64,
                           "activations": "int8"}),
@@ -127,6 +130,7 @@ OP_EXAMPLES = {
     "moe": ([f32(S0, 8), f32(S0, 4), W(f32(4, 8, 12)), W(f32(4, 6, 8)), None, W(f32(4, 8)),
              W(f32(4))], {"top_k": 2, "routing": "sigmoid_topk", "normalize": True,
                           "normalize_eps": 1e-20, "scale": 2.5}),
+    "scatter": ([f32(S0, 4), i64(S0, 2), f32(S0, 2)], {"dim": 1, "reduce": "amax"}),
     "resize": ([f32(1, 3, S0, 8)], {"size": [16, 16], "mode": "bilinear", "align_corners": True}),
 }
 

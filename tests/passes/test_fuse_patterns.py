@@ -232,6 +232,24 @@ REFUSED = {
           %out: f32[1, 2, 4, 8] = matmul(%p, %v)
           return %out
         }""", "out", "the softcap's divisor and factor are not one positive constant"),
+    "latent split with a gap between keys and values": ("""
+        graph main {
+          input %q: f32[1, 4, 3, 16]
+          input %latent: f32[1, 1, 3, 16]
+          input %k_rope: f32[1, 1, 3, 8]
+          input %kv_b: f32[80, 16]
+          %kv: f32[1, 1, 3, 80] = linear(%latent, %kv_b, _)
+          %kvh: f32[1, 3, 4, 20] = reshape(%kv) {shape=[1, 3, 4, 20]}
+          %kvt: f32[1, 4, 3, 20] = permute(%kvh) {dims=[0, 2, 1, 3]}
+          %k_nope: f32[1, 4, 3, 8] = slice(%kvt) {dim=3, start=0, end=8, step=1}
+          %v: f32[1, 4, 3, 11] = slice(%kvt) {dim=3, start=9, end=20, step=1}
+          %k_shared: f32[1, 4, 3, 8] = expand(%k_rope) {shape=[1, 4, 3, 8]}
+          %k: f32[1, 4, 3, 16] = concat(%k_nope, %k_shared) {dim=3}
+          %o: f32[1, 4, 3, 11] = scaled_dot_product_attention(%q, %k, %v, _) {is_causal=true}
+          %ot: f32[1, 3, 4, 11] = permute(%o) {dims=[0, 2, 1, 3]}
+          %out: f32[1, 3, 44] = reshape(%ot) {shape=[1, 3, 44]}
+          return %out
+        }""", "out", "the expanded latent is not split into [dn | dv] per head"),
     "a bias add is not a residual add": ("""
         graph main {
           input %x: f32[2, 8]

@@ -262,3 +262,36 @@ def test_concat_with_empty_operands_is_its_one_nonempty_operand(run_pass):
     graph = result.graph
     assert [n.op for n in graph.nodes] == ["neg", "slice", "concat"]
     assert graph.outputs[0] is graph.outputs[1] is graph.nodes[0].outputs[0]
+
+
+def test_slice_taking_back_one_concat_operand_is_that_operand(run_pass):
+    """DeepSeek's key: `new_empty` with both halves assigned, functionalized into
+    concat(a, slice(full)) then concat(slice(.., :dn), b); the re-read half is `a` itself."""
+    text = """
+        graph main {
+          symbol s0 in [1, 16]
+          input %a: f32[s0, 3]
+          input %b: f32[s0, 2]
+          %z: f32[s0, 5] = full() {shape=[s0, 5], value=0.0, dtype=f32}
+          %zs: f32[s0, 2] = slice(%z) {dim=1, start=3, end=5, step=1}
+          %c: f32[s0, 5] = concat(%a, %zs) {dim=1}
+          %ca: f32[s0, 3] = slice(%c) {dim=-1, start=0, end=3, step=1}
+          %mid: f32[s0, 2] = slice(%c) {dim=1, start=1, end=3, step=1}
+          %k: f32[s0, 5] = concat(%ca, %b) {dim=1}
+          return %k, %mid
+        }
+    """
+    result = run_pass(text, "remove_noops")
+    assert print_ir(result.graph) == dedent("""\
+        graph main {
+          symbol s0 in [1, 16]
+          input %a: f32[s0, 3]
+          input %b: f32[s0, 2]
+          %z: f32[s0, 5] = full() {shape=[s0, 5], value=0.0, dtype=f32}
+          %zs: f32[s0, 2] = slice(%z) {dim=1, start=3, end=5, step=1}
+          %c: f32[s0, 5] = concat(%a, %zs) {dim=1}
+          %mid: f32[s0, 2] = slice(%c) {dim=1, start=1, end=3, step=1}
+          %k: f32[s0, 5] = concat(%a, %b) {dim=1}
+          return %k, %mid
+        }
+        """)

@@ -3,6 +3,7 @@
 # imported for their registration side effect
 from . import (  # noqa: F401
     assign,
+    complex_numbers,
     creation,
     elementwise,
     experts,
@@ -12,6 +13,7 @@ from . import (  # noqa: F401
     scatter,
     shape,
     sorting,
+    spectral,
 )
 from .table import CONVERTERS, TARGETS, Converter, converts
 

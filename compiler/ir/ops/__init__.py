@@ -5,6 +5,7 @@ from . import (  # noqa: F401
     collective,
     elementwise,
     fused,
+    latent,
     moe,
     multi_head,
     nn,
