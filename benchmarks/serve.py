@@ -83,7 +83,7 @@ class Req:
     max_tokens: int
 
 
-def request_mix(n: int, seed: int, max_positions: int, max_tokens: tuple[int, int] = (16, 64),
+def request_mix(n: int, seed: int, max_positions: int, max_tokens: tuple[int, int] = (32, 256),
                 short: tuple[int, int] = (16, 128), long: tuple[int, int] = (1000, 2000),
                 long_fraction: float = 0.1, vocab: int = VOCAB) -> list[Req]:
     """`n` requests, reproducible from `seed`: round(n * long_fraction) long documents at
@@ -694,7 +694,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="the checkpoint's and artifact's position range")
     p.add_argument("--requests", type=int, default=64, help="requests per concurrency")
     p.add_argument("--concurrency", default="1,8,32")
-    p.add_argument("--max-tokens", default="16:64", help="max_tokens range, LOW:HIGH")
+    p.add_argument("--max-tokens", default="32:256",
+                   help="max_tokens range, LOW:HIGH (chat answers run to a few hundred tokens; "
+                        "16:64 was the first runs' shorter mix)")
     p.add_argument("--long-fraction", type=float, default=0.1,
                    help="share of 1000-2000-token documents among the prompts")
     p.add_argument("--seed", type=int, default=0)
