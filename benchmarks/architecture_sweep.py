@@ -1,0 +1,560 @@
+"""Every architecture of transformers' auto mappings, shrunk, on onnxruntime against eager.
+
+Which architectures does dayzero compile on day zero, with no model code? This script takes every
+class of transformers' causal-LM, masked-LM and image-classification auto mappings, builds it from
+its default config shrunk by one generic table (`SMALL`: hidden 64, 2 layers, 4 heads, 4 experts
+top-2, ... applied to every nested sub-config alike, no per-model code) with random weights in
+eval mode, and runs it eagerly. Those that build and run are compiled with `compiler.compile` on
+onnxruntime (a dynamic sequence dim; images at a fixed size), each in its own subprocess with a
+time limit, and compared with eager at two sequence lengths within 1e-3 x max(1, max |eager|).
+
+    python benchmarks/architecture_sweep.py                      # every architecture
+    python benchmarks/architecture_sweep.py --only llama,bert,vit --timeout 120
+    python benchmarks/architecture_sweep.py --write-docs         # and the table into docs/ops.md
+
+Outcomes: match, mismatch, compile error (the first line of the message; the ops when some are
+unsupported), timeout, no eager (the shrunk model does not build or run in transformers itself).
+It prints counts per outcome and per mapping and the failures grouped by cause. `--write-docs`
+writes the table into its own marked section of docs/ops.md, which `python -m
+compiler.frontend.opdoc` keeps (it rewrites only its own markers). A fixed sample runs in CI
+(tests/architectures/test_sample.py) through `check_architecture`; the bookkeeping is tested in
+tests/benchmarks/test_architecture_sweep_harness.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+DOC = ROOT / "docs" / "ops.md"
+BEGIN = ("<!-- BEGIN ARCHITECTURE SWEEP written by `python benchmarks/architecture_sweep.py "
+         "--write-docs`; do not edit by hand -->")
+END = "<!-- END ARCHITECTURE SWEEP -->"
+
+# mapping label -> transformers.models.auto.modeling_auto table
+MAPPINGS = {
+    "causal-lm": "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+    "masked-lm": "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
+    "image-classification": "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
+}
+OUTCOMES = ("match", "mismatch", "compile error", "timeout", "no eager")
+SEQ_LENGTHS = (8, 13)  # compiled at the first, compared at both
+MAX_SEQ = 64
+TOLERANCE = 1e-3  # x max(1, max |eager|)
+RESULT_TAG = "ARCHITECTURE-RESULT "
+
+
+def _layers(old: Any) -> Any:
+    return 2
+
+
+def _per_stage(base: int) -> Callable[[Any], Any]:
+    """Per-stage widths (ResNet's hidden_sizes, ConvNeXT's dims): base, 2 base, 4 base, ..."""
+    def rule(old: Any) -> Any:
+        return [base * 2 ** i for i in range(len(old))] if isinstance(old, (list, tuple)) else base
+    return rule
+
+
+def _heads(old: Any) -> Any:
+    """4 heads; a per-stage list (Swin, PVT) doubles from 2, dividing the per-stage widths."""
+    return [2 * 2 ** i for i in range(len(old))] if isinstance(old, (list, tuple)) else 4
+
+
+def _depths(old: Any) -> Any:
+    return [1] * len(old) if isinstance(old, (list, tuple)) else 1
+
+
+def _size(value: int) -> Callable[[Any], Any]:
+    """`value`, or a list of it as long as the old list (image_size=[224, 224])."""
+    return lambda old: [value] * len(old) if isinstance(old, (list, tuple)) else value
+
+
+# config attribute -> small value (or old value -> small value). Applied to every config and
+# nested sub-config that has the attribute set (None stays None: optional parts stay off).
+SMALL: dict[str, Any] = {
+    **dict.fromkeys(("hidden_size", "d_model", "n_embd", "embed_dim", "dim", "model_dim",
+                     "word_embed_proj_dim", "embedding_size", "projection_dim"), 64),
+    **dict.fromkeys(("num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_layers",
+                     "decoder_layers", "num_decoder_layers"), _layers),
+    **dict.fromkeys(("num_attention_heads", "n_head", "n_heads", "num_heads",
+                     "encoder_attention_heads", "decoder_attention_heads", "linear_num_heads",
+                     "linear_num_key_heads", "linear_num_value_heads"), _heads),
+    **dict.fromkeys(("intermediate_size", "ffn_dim", "n_inner", "encoder_ffn_dim",
+                     "decoder_ffn_dim", "ffn_hidden_size", "hidden_dim",
+                     "shared_expert_intermediate_size"), 128),
+    **dict.fromkeys(("head_dim", "linear_head_dim", "linear_key_head_dim",
+                     "linear_value_head_dim"), 16),
+    "moe_intermediate_size": 64,
+    **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"), 4),
+    **dict.fromkeys(("num_experts_per_tok", "moe_topk", "num_experts_per_token"), 2),
+    **dict.fromkeys(("n_shared_experts", "num_shared_experts", "n_group", "topk_group",
+                     "num_expert_group", "first_k_dense_replace"), 1),
+    # latent attention: rotary part as wide as head_dim, which some configs derive from it
+    **dict.fromkeys(("kv_lora_rank", "q_lora_rank"), 32),
+    **dict.fromkeys(("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"), 16),
+    "rotary_dim": 8,  # partial rotary (CodeGen, GPT-J): half of head_dim
+    "vocab_size": 512,
+    **dict.fromkeys(("max_position_embeddings", "n_positions"), 128),
+    "image_size": _size(64), "patch_size": _size(8), "window_size": _size(4),
+    **dict.fromkeys(("hidden_sizes", "embed_dims", "dims", "neck_hidden_sizes"), _per_stage(16)),
+    "depths": _depths,
+}
+# key/value heads: 1 stays 1 (multi-query), as many as the heads stays so, else 2 (grouped)
+LAYER_COUNTS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers")
+KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num",
+            "num_query_groups")
+VOCAB = SMALL["vocab_size"]
+
+
+@dataclass(frozen=True)
+class Arch:
+    """One class of one auto mapping: `mapping/model_type` names it."""
+
+    mapping: str
+    model_type: str
+    cls: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.mapping}/{self.model_type}"
+
+
+@dataclass
+class Result:
+    arch: str
+    cls: str
+    outcome: str
+    cause: str = ""  # one line; failures are grouped by it
+    max_diff: float | None = None
+    seconds: float = 0.0
+
+
+def architectures(mappings: Iterable[str] = MAPPINGS) -> list[Arch]:
+    """Every (mapping, model type, class) of the chosen auto mappings, in mapping order."""
+    from transformers.models.auto import modeling_auto
+
+    return [Arch(label, model_type, cls)
+            for label in mappings
+            for model_type, cls in getattr(modeling_auto, MAPPINGS[label]).items()
+            if isinstance(cls, str)]
+
+
+def select(archs: list[Arch], only: str | None, limit: int | None) -> list[Arch]:
+    """Those named in `only` (model types, class names or mapping/model_type), then the first
+    `limit`; a name matching nothing is an error, so a typo cannot pass as an empty sweep."""
+    if only:
+        names = [n.strip() for n in only.split(",") if n.strip()]
+        unknown = [n for n in names if not any(_named(a, n) for a in archs)]
+        if unknown:
+            raise SystemExit(f"--only: no architecture named {', '.join(unknown)} (use a model "
+                             "type such as llama, a class name or causal-lm/llama)")
+        archs = [a for a in archs if any(_named(a, n) for n in names)]
+    return archs[:limit] if limit else archs
+
+
+def _named(arch: Arch, name: str) -> bool:
+    return name.lower() in (arch.model_type.lower(), arch.cls.lower(), arch.name.lower())
+
+
+# -- shrinking ----------------------------------------------------------------------------------
+
+def small_value(name: str, old: Any) -> Any:
+    """The table's value for attribute `name` whose default is `old` (old when not in the table,
+    None, a bool, or of a kind the rule does not fit)."""
+    rule = SMALL.get(name)
+    if rule is None or old is None or isinstance(old, bool):
+        return old
+    if callable(rule):
+        return rule(old)
+    if isinstance(old, (list, tuple)) and all(isinstance(v, int) for v in old):
+        return [rule] * len(old)
+    return rule if isinstance(old, int) else old
+
+
+def _kv_heads(kv: Any, heads: Any) -> Any:
+    if not isinstance(kv, int) or isinstance(kv, bool):
+        return kv
+    if kv == 1:
+        return 1
+    return _heads(heads) if isinstance(heads, int) and kv >= heads else 2
+
+
+def shrink_kwargs(config: Any) -> dict[str, Any]:
+    """The keyword arguments that rebuild `config` small: the table's attributes, key/value
+    heads, per-layer lists (layer_types) cut to two layers of both kinds, token ids inside the
+    small vocabulary, and every nested sub-config the same way (as a dict, which configs accept
+    for their sub-configs)."""
+    from transformers import PretrainedConfig
+
+    values = {k: v for k, v in vars(config).items() if not k.startswith("_")}
+    layers = next((values[n] for n in LAYER_COUNTS if isinstance(values.get(n), int)), None)
+    heads = next((values[h] for h in ("num_attention_heads", "n_head", "num_heads")
+                  if isinstance(values.get(h), int)), None)
+    out: dict[str, Any] = {}
+    for name, old in values.items():
+        if isinstance(old, PretrainedConfig):
+            out[name] = shrink_kwargs(old)
+            continue
+        new = _small_attribute(name, old, heads)
+        if isinstance(new, (list, tuple)) and layers and layers > 2 and len(new) == layers:
+            new = _two_layers(list(new))
+        if new != old:
+            out[name] = new
+    return out
+
+
+def _two_layers(per_layer: list) -> list:
+    """A per-layer list for two layers: the first entry and the first that differs from it
+    (sliding then full attention, dense then sparse MLP), so both kinds stay covered."""
+    return [per_layer[0], next((x for x in per_layer if x != per_layer[0]), per_layer[1])]
+
+
+def _small_attribute(name: str, old: Any, heads: Any) -> Any:
+    if name in KV_HEADS:
+        return _kv_heads(old, heads)
+    if name.endswith("token_id") and _out_of_vocab(old):
+        return _in_vocab(old)
+    return small_value(name, old)
+
+
+def _out_of_vocab(ids: Any) -> bool:
+    ids = ids if isinstance(ids, list) else [ids]
+    return any(isinstance(i, int) and i >= VOCAB for i in ids)
+
+
+def _in_vocab(ids: Any) -> Any:
+    if isinstance(ids, list):
+        return [_in_vocab(i) for i in ids]
+    return VOCAB - 1 - (ids % 8) if isinstance(ids, int) and ids >= VOCAB else ids
+
+
+def shrink(config: Any) -> Any:
+    """`config` rebuilt from its class with `shrink_kwargs` (its __init__ derives the rest:
+    layer types, head dims)."""
+    return type(config)(**shrink_kwargs(config))
+
+
+def _find(config: Any, name: str, default: Any) -> Any:
+    """`name` on `config` or the first sub-config that sets it."""
+    from transformers import PretrainedConfig
+
+    if getattr(config, name, None) is not None:
+        return getattr(config, name)
+    for value in vars(config).values():
+        if isinstance(value, PretrainedConfig):
+            found = _find(value, name, None)
+            if found is not None:
+                return found
+    return default
+
+
+# -- one architecture ---------------------------------------------------------------------------
+
+class NoEager(Exception):
+    """The shrunk model does not build or run in transformers itself."""
+
+
+def build(arch: Arch) -> tuple[Any, tuple, Any]:
+    """The wrapped module (one tensor out), its example inputs and dynamic shapes, eval mode,
+    random weights from seed 0; NoEager when transformers cannot build or run it."""
+    import torch
+    import transformers
+    from torch.export import Dim
+
+    from compiler.hf_models import wrap_pretrained
+
+    try:
+        cls = getattr(transformers, arch.cls)
+        config = shrink(cls.config_class())
+        torch.manual_seed(0)
+        model = cls(config).eval()
+        inputs = _inputs(arch, config, SEQ_LENGTHS[0])
+        module, values = wrap_pretrained(model, inputs, arch.cls)
+        with torch.no_grad():
+            module(*values)
+    except Exception as e:  # noqa: BLE001 - any failure here is transformers', counted apart
+        raise NoEager(first_line(e)) from e
+    if arch.mapping == "image-classification":
+        return module, values, None
+    return module, values, ({1: Dim("seq", min=2, max=MAX_SEQ)},)
+
+
+def _inputs(arch: Arch, config: Any, seq: int) -> dict[str, Any]:
+    import torch
+
+    g = torch.Generator().manual_seed(seq)
+    if arch.mapping == "image-classification":
+        size = _find(config, "image_size", 64)
+        h, w = (size, size) if isinstance(size, int) else size
+        channels = _find(config, "num_channels", 3)
+        return {"pixel_values": torch.randn(1, channels, h, w, generator=g)}
+    vocab = _find(config, "vocab_size", VOCAB)
+    return {"input_ids": torch.randint(0, vocab, (1, seq), generator=g)}
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip() or type(error).__name__
+    return text.splitlines()[0][:200]
+
+
+def compile_cause(error: BaseException) -> str:
+    """The cause a compile error is grouped by: the unsupported ops, else the error's class and
+    the first line of its message with numbers and quoted names blanked (they vary by model)."""
+    ops = getattr(error, "ops", None)
+    if isinstance(ops, dict) and ops:
+        return "unsupported: " + ", ".join(sorted(ops))
+    line = re.sub(r"\d+", "N", first_line(error))
+    line = re.sub(r"'[^']*'|`[^`]*`", "'...'", line)
+    return f"{type(error).__name__}: {line}"
+
+
+def compare(got: Any, want: Any) -> tuple[bool, float]:
+    """Within TOLERANCE x max(1, max |eager|), NaN where eager has NaN; the largest difference."""
+    import numpy as np
+
+    got = np.asarray(got, dtype=np.float64)
+    want = np.asarray(want, dtype=np.float64)
+    if got.shape != want.shape:
+        return False, float("inf")
+    if not np.array_equal(np.isnan(got), np.isnan(want)):
+        return False, float("nan")
+    finite = ~np.isnan(want)
+    if not finite.any():
+        return True, 0.0
+    diff = np.abs(got[finite] - want[finite])
+    diff = np.where(got[finite] == want[finite], 0.0, diff)  # equal infinities
+    scale = max(1.0, float(np.max(np.abs(want[finite][np.isfinite(want[finite])]), initial=0.0)))
+    worst = float(diff.max(initial=0.0))
+    return bool(worst <= TOLERANCE * scale), worst
+
+
+def check_architecture(arch: Arch, workdir: str | Path) -> Result:
+    """Build, run eagerly, compile on onnxruntime into `workdir` and compare at every size."""
+    import torch
+
+    import compiler
+    import runtime
+
+    start = time.perf_counter()
+    result = Result(arch.name, arch.cls, "match")
+    try:
+        module, values, dynamic = build(arch)
+    except NoEager as e:
+        result.outcome, result.cause = "no eager", str(e)
+        return _timed(result, start)
+    try:
+        path = compiler.compile(module, values, out=Path(workdir) / f"{arch.model_type}.dz",
+                                backend="onnxruntime", dynamic_shapes=dynamic, force=True)
+        loaded = runtime.load(path)
+    except Exception as e:  # noqa: BLE001 - the outcome being measured
+        result.outcome, result.cause = "compile error", compile_cause(e)
+        return _timed(result, start)
+    config = module.model.config
+    lengths = SEQ_LENGTHS if dynamic else SEQ_LENGTHS[:1]
+    worst = 0.0
+    for seq in lengths:
+        inputs = tuple(_inputs(arch, config, seq).values())
+        with torch.no_grad():
+            want = module(*inputs)
+        try:
+            got = loaded(*inputs)[0]
+        except Exception as e:  # noqa: BLE001
+            result.outcome, result.cause = "compile error", "at run: " + compile_cause(e)
+            return _timed(result, start)
+        ok, diff = compare(got, want)
+        worst = diff if diff != diff or diff > worst else worst
+        if not ok:
+            result.outcome = "mismatch"
+            result.cause = f"max |diff| {diff:.3g} at size {seq}"
+    result.max_diff = worst
+    return _timed(result, start)
+
+
+def _timed(result: Result, start: float) -> Result:
+    result.seconds = round(time.perf_counter() - start, 1)
+    return result
+
+
+# -- the sweep: one subprocess per architecture -------------------------------------------------
+
+def run_isolated(arch: Arch, timeout: float) -> Result:
+    """check_architecture in a fresh interpreter, killed after `timeout` seconds; a process that
+    dies without a result (a native crash, out of memory) is a compile error naming its exit."""
+    start = time.perf_counter()
+    command = [sys.executable, str(Path(__file__).resolve()), "--one", arch.name]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return Result(arch.name, arch.cls, "timeout", f"over {timeout:g} s",
+                      seconds=round(time.perf_counter() - start, 1))
+    return parse_result(arch, done.returncode, done.stdout, done.stderr,
+                        round(time.perf_counter() - start, 1))
+
+
+def parse_result(arch: Arch, returncode: int, stdout: str, stderr: str, seconds: float) -> Result:
+    """The Result the child printed on its tagged line, else a compile error saying how it died."""
+    for line in reversed(stdout.splitlines()):
+        if line.startswith(RESULT_TAG):
+            result = Result(**json.loads(line[len(RESULT_TAG):]))
+            result.seconds = seconds
+            return result
+    last = (stderr.strip().splitlines() or [f"exit status {returncode}"])[-1][:200]
+    return Result(arch.name, arch.cls, "compile error",
+                  f"process died (exit status {returncode}): {last}", seconds=seconds)
+
+
+def sweep(archs: list[Arch], timeout: float, jobs: int,
+          on_result: Callable[[Result], None] = lambda r: None) -> list[Result]:
+    """Every architecture through run_isolated, `jobs` at a time, in the order given."""
+    def one(arch: Arch) -> Result:
+        result = run_isolated(arch, timeout)
+        on_result(result)
+        return result
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(one, archs))
+
+
+# -- reports ------------------------------------------------------------------------------------
+
+def counts(results: list[Result]) -> dict[str, Counter]:
+    """Outcome counts per mapping, and over all under "all"."""
+    table: dict[str, Counter] = defaultdict(Counter)
+    for r in results:
+        table[r.arch.split("/", 1)[0]][r.outcome] += 1
+        table["all"][r.outcome] += 1
+    return table
+
+
+def match_rate(results: list[Result]) -> tuple[int, int]:
+    """(matches, architectures whose eager forward runs): the issue's target ratio."""
+    ran = [r for r in results if r.outcome != "no eager"]
+    return sum(r.outcome == "match" for r in ran), len(ran)
+
+
+def failures_by_cause(results: list[Result]) -> dict[str, list[Result]]:
+    """Every result other than match, grouped by (outcome, cause), the largest group first."""
+    groups: dict[str, list[Result]] = defaultdict(list)
+    for r in results:
+        if r.outcome != "match":
+            cause = r.cause if r.outcome != "mismatch" else "outputs differ from eager"
+            groups[f"{r.outcome}: {cause}"].append(r)
+    return dict(sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])))
+
+
+def counts_table(results: list[Result]) -> list[str]:
+    table = counts(results)
+    rows = ["| mapping | " + " | ".join(OUTCOMES) + " | total |",
+            "|---|" + "---:|" * (len(OUTCOMES) + 1)]
+    for mapping in [m for m in MAPPINGS if m in table] + ["all"]:
+        c = table[mapping]
+        rows.append(f"| {mapping} | " + " | ".join(str(c[o]) for o in OUTCOMES)
+                    + f" | {sum(c.values())} |")
+    return rows
+
+
+def report(results: list[Result]) -> str:
+    matched, ran = match_rate(results)
+    lines = counts_table(results)
+    share = f"{100 * matched / ran:.0f}%" if ran else "-"
+    lines += ["", f"compile and match: {matched} of {ran} architectures that run eagerly ({share})"]
+    groups = failures_by_cause(results)
+    if groups:
+        lines += ["", "failures by cause:"]
+    for cause, members in groups.items():
+        lines.append(f"  {len(members):3d}  {cause}")
+        lines.append("       " + ", ".join(r.cls for r in members))
+    return "\n".join(lines)
+
+
+def docs_section(results: list[Result], command: str) -> str:
+    """The docs/ops.md section, markers included: counts and one row per architecture."""
+    import transformers
+
+    matched, ran = match_rate(results)
+    lines = [BEGIN, "", "## Architecture sweep", "",
+             f"`{command}` with transformers {transformers.__version__}: every architecture of "
+             "its causal-LM, masked-LM and image-classification auto mappings, built from its "
+             "default config shrunk by one generic table (hidden 64, 2 layers, 4 heads, 4 experts "
+             "top-2), compiled on onnxruntime and compared with eager at sequence lengths "
+             f"{' and '.join(map(str, SEQ_LENGTHS))} (images: one fixed size) within "
+             f"{TOLERANCE:g} x max(1, max |eager|). {matched} of the {ran} architectures whose "
+             "eager forward runs compile and match.", ""]
+    lines += counts_table(results)
+    lines += ["", "| architecture | class | outcome | cause |", "|---|---|---|---|"]
+    for r in sorted(results, key=lambda r: r.arch):
+        cause = r.cause.replace("|", "\\|")
+        lines.append(f"| {r.arch} | {r.cls} | {r.outcome} | {cause} |")
+    lines += ["", END]
+    return "\n".join(lines)
+
+
+def write_docs(text: str, section: str) -> str:
+    """`text` with its sweep section replaced, or appended when it has none; the rest, the
+    op tables `compiler.frontend.opdoc` generates included, is kept as it is."""
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        return head + section + rest.split(END, 1)[1]
+    return text.rstrip("\n") + "\n\n" + section + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", help="comma-separated model types or class names")
+    parser.add_argument("--limit", type=int, help="the first N architectures only")
+    parser.add_argument("--jobs", type=int, default=1, help="architectures at a time")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per architecture")
+    parser.add_argument("--write-docs", action="store_true", help="write the table into "
+                        "docs/ops.md")
+    parser.add_argument("--json", type=Path, help="append each result to this JSON-lines file")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # the child: one architecture
+    args = parser.parse_args(argv)
+    archs = architectures()
+    if args.one:
+        return _child(next(a for a in archs if a.name == args.one))
+    archs = select(archs, args.only, args.limit)
+
+    def progress(r: Result) -> None:
+        print(f"{r.arch:<40} {r.outcome:<14} {r.seconds:6.1f}s  {r.cause[:100]}", flush=True)
+        if args.json:
+            with args.json.open("a") as f:
+                f.write(json.dumps(asdict(r)) + "\n")
+
+    print(f"{len(archs)} architectures, {args.jobs} at a time, {args.timeout:g} s each", flush=True)
+    results = sweep(archs, args.timeout, max(1, args.jobs), progress)
+    print()
+    print(report(results))
+    if args.write_docs:
+        command = "python benchmarks/architecture_sweep.py " + " ".join(
+            a for a in (argv if argv is not None else sys.argv[1:]) if a != "--write-docs")
+        DOC.write_text(write_docs(DOC.read_text(), docs_section(results, command.strip())))
+        print(f"wrote the table into {DOC.relative_to(ROOT)}")
+    return 0
+
+
+def _child(arch: Arch) -> int:
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    with tempfile.TemporaryDirectory(prefix="dz-sweep-") as tmp:
+        result = check_architecture(arch, tmp)
+    print(RESULT_TAG + json.dumps(asdict(result)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
