@@ -2,11 +2,12 @@
 
 Which architectures does dayzero compile on day zero, with no model code? This script takes every
 class of transformers' causal-LM, masked-LM and image-classification auto mappings, builds it from
-its default config shrunk by one generic table (`SMALL`: hidden 64, 2 layers, 4 heads, 4 experts
-top-2, ... applied to every nested sub-config alike, no per-model code) with random weights in
-eval mode, and runs it eagerly. Those that build and run are compiled with `compiler.compile` on
-onnxruntime (a dynamic sequence dim; images at a fixed size), each in its own subprocess with a
-time limit, and compared with eager at two sequence lengths within 1e-3 x max(1, max |eager|).
+its default config shrunk by one generic table (benchmarks/shrink_config.py: hidden 64, 2 layers,
+4 heads, 4 experts top-2, ... applied to every nested sub-config alike, no per-model code) with
+random weights in eval mode, and runs it eagerly. Those that build and run are compiled with
+`compiler.compile` on onnxruntime (a dynamic sequence dim; images at a fixed size), each in its
+own subprocess with a time limit, and compared with eager at two sequence lengths within
+1e-3 x max(1, max |eager|).
 
     python benchmarks/architecture_sweep.py                      # every architecture
     python benchmarks/architecture_sweep.py --only llama,bert,vit --timeout 120
@@ -40,6 +41,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.shrink_config import VOCAB, find, shrink  # noqa: E402
+
 DOC = ROOT / "docs" / "ops.md"
 BEGIN = ("<!-- BEGIN ARCHITECTURE SWEEP written by `python benchmarks/architecture_sweep.py "
          "--write-docs`; do not edit by hand -->")
@@ -58,66 +61,6 @@ TOLERANCE = 1e-3  # x max(1, max |eager|)
 RESULT_TAG = "ARCHITECTURE-RESULT "
 
 
-def _layers(old: Any) -> Any:
-    return 2
-
-
-def _per_stage(base: int) -> Callable[[Any], Any]:
-    """Per-stage widths (ResNet's hidden_sizes, ConvNeXT's dims): base, 2 base, 4 base, ..."""
-    def rule(old: Any) -> Any:
-        return [base * 2 ** i for i in range(len(old))] if isinstance(old, (list, tuple)) else base
-    return rule
-
-
-def _heads(old: Any) -> Any:
-    """4 heads; a per-stage list (Swin, PVT) doubles from 2, dividing the per-stage widths."""
-    return [2 * 2 ** i for i in range(len(old))] if isinstance(old, (list, tuple)) else 4
-
-
-def _depths(old: Any) -> Any:
-    return [1] * len(old) if isinstance(old, (list, tuple)) else 1
-
-
-def _size(value: int) -> Callable[[Any], Any]:
-    """`value`, or a list of it as long as the old list (image_size=[224, 224])."""
-    return lambda old: [value] * len(old) if isinstance(old, (list, tuple)) else value
-
-
-# config attribute -> small value (or old value -> small value). Applied to every config and
-# nested sub-config that has the attribute set (None stays None: optional parts stay off).
-SMALL: dict[str, Any] = {
-    **dict.fromkeys(("hidden_size", "d_model", "n_embd", "embed_dim", "dim", "model_dim",
-                     "word_embed_proj_dim", "embedding_size", "projection_dim"), 64),
-    **dict.fromkeys(("num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_layers",
-                     "decoder_layers", "num_decoder_layers"), _layers),
-    **dict.fromkeys(("num_attention_heads", "n_head", "n_heads", "num_heads",
-                     "encoder_attention_heads", "decoder_attention_heads", "linear_num_heads",
-                     "linear_num_key_heads", "linear_num_value_heads"), _heads),
-    **dict.fromkeys(("intermediate_size", "ffn_dim", "n_inner", "encoder_ffn_dim",
-                     "decoder_ffn_dim", "ffn_hidden_size", "hidden_dim",
-                     "shared_expert_intermediate_size"), 128),
-    **dict.fromkeys(("head_dim", "linear_head_dim", "linear_key_head_dim",
-                     "linear_value_head_dim"), 16),
-    "moe_intermediate_size": 64,
-    **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"), 4),
-    **dict.fromkeys(("num_experts_per_tok", "moe_topk", "num_experts_per_token"), 2),
-    **dict.fromkeys(("n_shared_experts", "num_shared_experts", "n_group", "topk_group",
-                     "num_expert_group", "first_k_dense_replace"), 1),
-    # latent attention: rotary part as wide as head_dim, which some configs derive from it
-    **dict.fromkeys(("kv_lora_rank", "q_lora_rank"), 32),
-    **dict.fromkeys(("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"), 16),
-    "rotary_dim": 8,  # partial rotary (CodeGen, GPT-J): half of head_dim
-    "vocab_size": 512,
-    **dict.fromkeys(("max_position_embeddings", "n_positions"), 128),
-    "image_size": _size(64), "patch_size": _size(8), "window_size": _size(4),
-    **dict.fromkeys(("hidden_sizes", "embed_dims", "dims", "neck_hidden_sizes"), _per_stage(16)),
-    "depths": _depths,
-}
-# key/value heads: 1 stays 1 (multi-query), as many as the heads stays so, else 2 (grouped)
-LAYER_COUNTS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers")
-KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num",
-            "num_query_groups")
-VOCAB = SMALL["vocab_size"]
 
 
 @dataclass(frozen=True)
@@ -170,97 +113,6 @@ def _named(arch: Arch, name: str) -> bool:
     return name.lower() in (arch.model_type.lower(), arch.cls.lower(), arch.name.lower())
 
 
-# -- shrinking ----------------------------------------------------------------------------------
-
-def small_value(name: str, old: Any) -> Any:
-    """The table's value for attribute `name` whose default is `old` (old when not in the table,
-    None, a bool, or of a kind the rule does not fit)."""
-    rule = SMALL.get(name)
-    if rule is None or old is None or isinstance(old, bool):
-        return old
-    if callable(rule):
-        return rule(old)
-    if isinstance(old, (list, tuple)) and all(isinstance(v, int) for v in old):
-        return [rule] * len(old)
-    return rule if isinstance(old, int) else old
-
-
-def _kv_heads(kv: Any, heads: Any) -> Any:
-    if not isinstance(kv, int) or isinstance(kv, bool):
-        return kv
-    if kv == 1:
-        return 1
-    return _heads(heads) if isinstance(heads, int) and kv >= heads else 2
-
-
-def shrink_kwargs(config: Any) -> dict[str, Any]:
-    """The keyword arguments that rebuild `config` small: the table's attributes, key/value
-    heads, per-layer lists (layer_types) cut to two layers of both kinds, token ids inside the
-    small vocabulary, and every nested sub-config the same way (as a dict, which configs accept
-    for their sub-configs)."""
-    from transformers import PretrainedConfig
-
-    values = {k: v for k, v in vars(config).items() if not k.startswith("_")}
-    layers = next((values[n] for n in LAYER_COUNTS if isinstance(values.get(n), int)), None)
-    heads = next((values[h] for h in ("num_attention_heads", "n_head", "num_heads")
-                  if isinstance(values.get(h), int)), None)
-    out: dict[str, Any] = {}
-    for name, old in values.items():
-        if isinstance(old, PretrainedConfig):
-            out[name] = shrink_kwargs(old)
-            continue
-        new = _small_attribute(name, old, heads)
-        if isinstance(new, (list, tuple)) and layers and layers > 2 and len(new) == layers:
-            new = _two_layers(list(new))
-        if new != old:
-            out[name] = new
-    return out
-
-
-def _two_layers(per_layer: list) -> list:
-    """A per-layer list for two layers: the first entry and the first that differs from it
-    (sliding then full attention, dense then sparse MLP), so both kinds stay covered."""
-    return [per_layer[0], next((x for x in per_layer if x != per_layer[0]), per_layer[1])]
-
-
-def _small_attribute(name: str, old: Any, heads: Any) -> Any:
-    if name in KV_HEADS:
-        return _kv_heads(old, heads)
-    if name.endswith("token_id") and _out_of_vocab(old):
-        return _in_vocab(old)
-    return small_value(name, old)
-
-
-def _out_of_vocab(ids: Any) -> bool:
-    ids = ids if isinstance(ids, list) else [ids]
-    return any(isinstance(i, int) and i >= VOCAB for i in ids)
-
-
-def _in_vocab(ids: Any) -> Any:
-    if isinstance(ids, list):
-        return [_in_vocab(i) for i in ids]
-    return VOCAB - 1 - (ids % 8) if isinstance(ids, int) and ids >= VOCAB else ids
-
-
-def shrink(config: Any) -> Any:
-    """`config` rebuilt from its class with `shrink_kwargs` (its __init__ derives the rest:
-    layer types, head dims)."""
-    return type(config)(**shrink_kwargs(config))
-
-
-def _find(config: Any, name: str, default: Any) -> Any:
-    """`name` on `config` or the first sub-config that sets it."""
-    from transformers import PretrainedConfig
-
-    if getattr(config, name, None) is not None:
-        return getattr(config, name)
-    for value in vars(config).values():
-        if isinstance(value, PretrainedConfig):
-            found = _find(value, name, None)
-            if found is not None:
-                return found
-    return default
-
 
 # -- one architecture ---------------------------------------------------------------------------
 
@@ -298,11 +150,11 @@ def _inputs(arch: Arch, config: Any, seq: int) -> dict[str, Any]:
 
     g = torch.Generator().manual_seed(seq)
     if arch.mapping == "image-classification":
-        size = _find(config, "image_size", 64)
+        size = find(config, "image_size", 64)
         h, w = (size, size) if isinstance(size, int) else size
-        channels = _find(config, "num_channels", 3)
+        channels = find(config, "num_channels", 3)
         return {"pixel_values": torch.randn(1, channels, h, w, generator=g)}
-    vocab = _find(config, "vocab_size", VOCAB)
+    vocab = find(config, "vocab_size", VOCAB)
     return {"input_ids": torch.randint(0, vocab, (1, seq), generator=g)}
 
 
@@ -335,8 +187,8 @@ def compare(got: Any, want: Any) -> tuple[bool, float]:
     finite = ~np.isnan(want)
     if not finite.any():
         return True, 0.0
-    diff = np.abs(got[finite] - want[finite])
-    diff = np.where(got[finite] == want[finite], 0.0, diff)  # equal infinities
+    with np.errstate(invalid="ignore"):  # inf - inf: equal infinities count as no difference
+        diff = np.where(got[finite] == want[finite], 0.0, np.abs(got[finite] - want[finite]))
     scale = max(1.0, float(np.max(np.abs(want[finite][np.isfinite(want[finite])]), initial=0.0)))
     worst = float(diff.max(initial=0.0))
     return bool(worst <= TOLERANCE * scale), worst

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from benchmarks.shrink_config import kv_heads, shrink, small_value
 from compiler.errors import DayzeroError
 from compiler.frontend import opdoc
 from compiler.frontend.fx_to_ir import UnsupportedOpsError
@@ -34,41 +35,41 @@ def test_the_mappings_are_enumerated_and_selected_by_name(sw):
 def test_shrinking_is_one_table_applied_to_every_config(sw):
     from transformers import CLIPConfig, GPT2Config, MistralConfig, ResNetConfig
 
-    mistral = sw.shrink(MistralConfig())
+    mistral = shrink(MistralConfig())
     assert (mistral.hidden_size, mistral.num_hidden_layers, mistral.num_attention_heads,
             mistral.num_key_value_heads, mistral.intermediate_size, mistral.vocab_size) == \
         (64, 2, 4, 2, 128, 512)  # grouped stays grouped: 2 KV heads dividing 4
-    gpt2 = sw.shrink(GPT2Config())
+    gpt2 = shrink(GPT2Config())
     assert (gpt2.n_embd, gpt2.n_layer, gpt2.n_head) == (64, 2, 4)
     assert gpt2.eos_token_id < 512 and gpt2.bos_token_id < 512  # 50256 would not embed
-    clip = sw.shrink(CLIPConfig())  # nested sub-configs alike
+    clip = shrink(CLIPConfig())  # nested sub-configs alike
     assert clip.text_config.hidden_size == clip.vision_config.hidden_size == 64
     assert (clip.vision_config.image_size, clip.vision_config.patch_size) == (64, 8)
-    resnet = sw.shrink(ResNetConfig())
+    resnet = shrink(ResNetConfig())
     assert list(resnet.hidden_sizes) == [16, 32, 64, 128] and list(resnet.depths) == [1] * 4
 
 
 def test_experts_kv_heads_and_per_layer_lists(sw):
     from transformers import DeepseekV3Config, FalconConfig, Gemma3TextConfig, MixtralConfig
 
-    mixtral = sw.shrink(MixtralConfig())
+    mixtral = shrink(MixtralConfig())
     assert (mixtral.num_local_experts, mixtral.num_experts_per_tok) == (4, 2)
-    deepseek = sw.shrink(DeepseekV3Config())
+    deepseek = shrink(DeepseekV3Config())
     assert (deepseek.n_routed_experts, deepseek.n_group, deepseek.topk_group) == (4, 1, 1)
     assert deepseek.qk_rope_head_dim == deepseek.head_dim == 16
-    gemma3 = sw.shrink(Gemma3TextConfig())  # five sliding layers, then a full one
+    gemma3 = shrink(Gemma3TextConfig())  # five sliding layers, then a full one
     assert gemma3.layer_types == ["sliding_attention", "full_attention"]
-    falcon = sw.shrink(FalconConfig())
+    falcon = shrink(FalconConfig())
     assert falcon.multi_query and falcon.num_attention_heads == 4  # multi-query stays
     # one KV head stays one; as many as the heads stays as many; grouped becomes 2 of 4
-    assert [sw._kv_heads(kv, 32) for kv in (1, 8, 32)] == [1, 2, 4]
+    assert [kv_heads(kv, 32) for kv in (1, 8, 32)] == [1, 2, 4]
 
 
 def test_a_value_outside_the_table_or_unset_is_kept(sw):
-    assert sw.small_value("rms_norm_eps", 1e-6) == 1e-6
-    assert sw.small_value("n_inner", None) is None  # optional parts stay off
-    assert sw.small_value("use_cache", True) is True
-    assert sw.small_value("image_size", [224, 224]) == [64, 64]
+    assert small_value("rms_norm_eps", 1e-6) == 1e-6
+    assert small_value("n_inner", None) is None  # optional parts stay off
+    assert small_value("use_cache", True) is True
+    assert small_value("image_size", [224, 224]) == [64, 64]
 
 
 def test_compare_scales_the_tolerance_and_requires_nans_in_place(sw):
