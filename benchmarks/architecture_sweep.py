@@ -87,13 +87,13 @@ class Result:
 
 
 def architectures(mappings: Iterable[str] = MAPPINGS) -> list[Arch]:
-    """Every (mapping, model type, class) of the chosen auto mappings, in mapping order."""
+    """Every (mapping, model type, class) of the chosen auto mappings, in mapping order; where a
+    mapping lists several classes for one model type (DeiT, LeViT, Perceiver), the first."""
     from transformers.models.auto import modeling_auto
 
-    return [Arch(label, model_type, cls)
+    return [Arch(label, model_type, cls if isinstance(cls, str) else cls[0])
             for label in mappings
-            for model_type, cls in getattr(modeling_auto, MAPPINGS[label]).items()
-            if isinstance(cls, str)]
+            for model_type, cls in getattr(modeling_auto, MAPPINGS[label]).items()]
 
 
 def select(archs: list[Arch], only: str | None, limit: int | None) -> list[Arch]:

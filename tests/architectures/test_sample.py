@@ -27,6 +27,6 @@ def sweep():
 
 @pytest.mark.parametrize("name", SAMPLE)
 def test_architecture_compiles_and_matches_eager(sweep, name, tmp_path):
-    arch = next(a for a in sweep.architectures() if a.name == name)
+    (arch,) = sweep.select(sweep.architectures(), name, None)
     result = sweep.check_architecture(arch, tmp_path)
     assert result.outcome == "match", f"{name} ({arch.cls}): {result.outcome}: {result.cause}"

@@ -24,6 +24,8 @@ def test_the_mappings_are_enumerated_and_selected_by_name(sw):
     names = {a.name for a in archs}
     assert {"causal-lm/llama", "masked-lm/bert", "image-classification/vit"} <= names
     assert {a.mapping for a in archs} == set(sw.MAPPINGS)
+    deit = sw.select(archs, "image-classification/deit", None)  # the first of two classes
+    assert [a.cls for a in deit] == ["DeiTForImageClassification"]
     picked = sw.select(archs, "llama,BertForMaskedLM,image-classification/vit", None)
     assert [a.cls for a in picked] == ["LlamaForCausalLM", "BertForMaskedLM",
                                        "ViTForImageClassification"]
