@@ -63,12 +63,14 @@ SMALL: dict[str, Any] = {
     **dict.fromkeys(("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"), 16),
     "rotary_dim": 8,  # partial rotary (CodeGen, GPT-J): half of head_dim
     "vocab_size": 512,
-    **dict.fromkeys(("max_position_embeddings", "n_positions"), 128),
+    **dict.fromkeys(("max_position_embeddings", "n_positions", "max_seq_len"), 128),
     "image_size": _size(64), "patch_size": _size(8), "window_size": _size(4),
     **dict.fromkeys(("hidden_sizes", "embed_dims", "dims", "neck_hidden_sizes"), _per_stage(16)),
     "depths": _depths,
 }
 # key/value heads: 1 stays 1 (multi-query), as many as the heads stays so, else 2 (grouped)
+# set even where the default leaves them unset: DeepSeek-V2's default routes to None experts
+SET_WHEN_UNSET = ("num_experts_per_tok",)
 LAYER_COUNTS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers")
 KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num",
             "num_query_groups")
@@ -78,6 +80,8 @@ def small_value(name: str, old: Any) -> Any:
     """The table's value for attribute `name` whose default is `old` (old when not in the table,
     None, a bool, or of a kind the rule does not fit)."""
     rule = SMALL.get(name)
+    if old is None and name in SET_WHEN_UNSET:
+        return rule
     if rule is None or old is None or isinstance(old, bool):
         return old
     if callable(rule):

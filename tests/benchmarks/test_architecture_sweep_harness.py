@@ -70,6 +70,7 @@ def test_experts_kv_heads_and_per_layer_lists(sw):
 def test_a_value_outside_the_table_or_unset_is_kept(sw):
     assert small_value("rms_norm_eps", 1e-6) == 1e-6
     assert small_value("n_inner", None) is None  # optional parts stay off
+    assert small_value("num_experts_per_tok", None) == 2  # but a router needs its top-k
     assert small_value("use_cache", True) is True
     assert small_value("image_size", [224, 224]) == [64, 64]
 
