@@ -333,14 +333,17 @@ def report(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
-def docs_section(results: list[Result], command: str) -> str:
-    """The docs/ops.md section, markers included: counts and one row per architecture."""
+def docs_section(results: list[Result], command: str, total: int) -> str:
+    """The docs/ops.md section, markers included: counts and one row per architecture of the
+    `total` the mappings hold."""
     import transformers
 
     matched, ran = match_rate(results)
+    chosen = "every architecture" if len(results) == total else \
+        f"{len(results)} of the {total} architectures"
     lines = [BEGIN, "", "## Architecture sweep", "",
-             f"`{command}` with transformers {transformers.__version__}: every architecture of "
-             "its causal-LM, masked-LM and image-classification auto mappings, built from its "
+             f"`{command}` with transformers {transformers.__version__}: {chosen} of its "
+             "causal-LM, masked-LM and image-classification auto mappings, built from its "
              "default config shrunk by one generic table (hidden 64, 2 layers, 4 heads, 4 experts "
              "top-2), compiled on onnxruntime and compared with eager at sequence lengths "
              f"{' and '.join(map(str, SEQ_LENGTHS))} (images: one fixed size) within "
@@ -362,6 +365,20 @@ def write_docs(text: str, section: str) -> str:
         head, rest = text.split(BEGIN, 1)
         return head + section + rest.split(END, 1)[1]
     return text.rstrip("\n") + "\n\n" + section + "\n"
+
+
+def recorded_command(argv: list[str]) -> str:
+    """The command line the docs show: this run's, less --write-docs and --json FILE (a
+    private path)."""
+    shown, skip = [], False
+    for arg in argv:
+        if skip or arg == "--write-docs" or arg.startswith("--json="):
+            skip = False
+            continue
+        skip = arg == "--json"
+        if not skip:
+            shown.append(arg)
+    return " ".join(["python benchmarks/architecture_sweep.py", *shown])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -391,9 +408,9 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(report(results))
     if args.write_docs:
-        command = "python benchmarks/architecture_sweep.py " + " ".join(
-            a for a in (argv if argv is not None else sys.argv[1:]) if a != "--write-docs")
-        DOC.write_text(write_docs(DOC.read_text(), docs_section(results, command.strip())))
+        section = docs_section(results, recorded_command(argv if argv is not None
+                                                         else sys.argv[1:]), len(architectures()))
+        DOC.write_text(write_docs(DOC.read_text(), section))
         print(f"wrote the table into {DOC.relative_to(ROOT)}")
     return 0
 

@@ -148,7 +148,11 @@ def test_the_docs_section_survives_opdoc_and_replaces_itself(sw):
         head, rest = doc.split(sw.BEGIN, 1)
         doc = head.rstrip("\n") + "\n" + rest.split(sw.END, 1)[1].lstrip("\n")
     results = _results(sw)
-    section = sw.docs_section(results, "python benchmarks/architecture_sweep.py")
+    command = sw.recorded_command(["--only", "llama,vit", "--json", "/tmp/r.jsonl",
+                                   "--write-docs", "--timeout", "9"])
+    assert command == "python benchmarks/architecture_sweep.py --only llama,vit --timeout 9"
+    section = sw.docs_section(results, command, 289)
+    assert "7 of the 289 architectures" in section
     assert section.startswith(sw.BEGIN) and section.endswith(sw.END)
     assert "| causal-lm/mixtral | MixtralForCausalLM | compile error | unsupported: aten.sort |" \
         in section
@@ -158,6 +162,6 @@ def test_the_docs_section_survives_opdoc_and_replaces_itself(sw):
     assert opdoc.update(written) == sw.write_docs(opdoc.update(doc), section)
     assert opdoc.BEGIN in written and opdoc.END in written
     # a second sweep replaces the table in place, keeping the op tables
-    again = sw.write_docs(written, sw.docs_section(results[:1], "python x"))
+    again = sw.write_docs(written, sw.docs_section(results[:1], "python x", 1))
     assert again.count(sw.BEGIN) == 1 and "MixtralForCausalLM" not in again
     assert opdoc.render() in again
