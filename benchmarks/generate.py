@@ -194,10 +194,15 @@ def peak_rss() -> int:
 _LOADED: dict[str, object] = {}
 
 
+SESSION = {"intra_op_threads": THREADS, "allow_spinning": True}
+
+
 def _run_dayzero(path: str, ids: list[list[int]], new: int):
     import runtime
 
-    model = _LOADED.get(path) or runtime.load(path, session={"intra_op_threads": THREADS})
+    # spinning forced on, as ORT GenAI's sessions have it: `auto` reads the load average, which
+    # the previous child's run leaves at about the core count, and would turn it off
+    model = _LOADED.get(path) or runtime.load(path, session=SESSION)
     _LOADED[path] = model
     stamps = []
     start = time.perf_counter()

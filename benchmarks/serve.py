@@ -496,7 +496,8 @@ class Single:
 def single_requests(artifact: Path, requests: list[Req]) -> Single:
     import runtime
 
-    model = runtime.load(str(artifact), session={"intra_op_threads": THREADS})
+    model = runtime.load(str(artifact), session={"intra_op_threads": THREADS,
+                                                 "allow_spinning": True})
     for _ in model.stream([list(requests[0].prompt)], max_new_tokens=4):  # warm up
         pass
     reference, gaps, total_tokens, total_s = {}, [], 0, 0.0
@@ -725,7 +726,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{lengths[0]}-{lengths[-1]} tokens ({sum(n >= 1000 for n in lengths)} long), "
           f"max_tokens {low}-{high}; {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}")
     folder, artifact, gen = build(args)
-    extra = ["--max-queue", str(args.max_queue)] if args.max_queue else []
+    # spinning on in the server and the one-at-a-time run alike (`auto` reads the load average,
+    # which the previous level leaves high)
+    extra = ["--session", "allow_spinning=true"]
+    extra += ["--max-queue", str(args.max_queue)] if args.max_queue else []
     server = Server(artifact, Path(args.workdir), extra, args.startup_timeout)
     print(f"  server pid {server.pid} on {server.base}, log {server.log_path}")
     try:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..config import options_from_assignments
 from ..errors import DayzeroError
+from .run import session_setting
 
 
 def add_parser(sub) -> None:
@@ -32,6 +34,11 @@ def add_parser(sub) -> None:
     p.add_argument("--nproc", type=int, default=1, metavar="N",
                    help="ranks of a tensor-parallel artifact (its parallel.tensor_parallel); "
                         "this process is rank 0 and starts the others")
+    p.add_argument("--session", action="append", default=[], type=session_setting,
+                   metavar="KEY=VALUE",
+                   help="override a recorded onnxruntime session setting, as `dayzero run "
+                        "--session` (e.g. allow_spinning=true on a machine the server has to "
+                        "itself)")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(handler=serve_command)
@@ -44,7 +51,8 @@ def serve_command(args) -> int:
     from runtime.generation.model import GenerationModel
 
     _check_ranks(args)
-    model = runtime.load(args.artifact, kv_cache_memory=args.kv_cache_memory)
+    session = options_from_assignments(args.session, "session").get("session")
+    model = runtime.load(args.artifact, kv_cache_memory=args.kv_cache_memory, session=session)
     if not isinstance(model, GenerationModel):
         model.generate()  # a forward artifact: says to compile with --task text-generation
     compiled = model.spec.max_batch_tokens

@@ -127,6 +127,8 @@ def test_serve_refuses_nproc_and_forward_artifacts(artifact, tmp_path, capsys):
     assert main(["serve", str(artifact), "--max-batch-tokens",
                  str(manifest["generation"]["max_batch_tokens"] + 1)]) == 1
     assert "--max-batch-tokens" in capsys.readouterr().err
+    assert main(["serve", str(artifact), "--session", "allow_spinning=sometimes"]) == 1
+    assert "allow_spinning" in capsys.readouterr().err  # the setting reaches the session
     ckpt = artifact.parent / "ckpt"
     forward = tmp_path / "fwd.dz"
     assert main(["compile", str(ckpt), "-o", str(forward), "--seq-len", "2:64", "-q",
