@@ -18,6 +18,8 @@ from torch.utils._sympy.numbers import IntInfinity, NegativeIntInfinity
 
 from compiler.ir.symbolic import Dim, normalize, symbol
 
+from .size_bounds import decide_extrema
+
 _SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
@@ -73,6 +75,7 @@ class SymbolMap:
 
     def __init__(self) -> None:
         self.names: dict[sympy.Symbol, str] = {}
+        self.bounds: dict[str, tuple[int, int | None]] = {}  # set by `ranges`
 
     def declare(self, torch_symbol: sympy.Symbol) -> str:
         """Give a backed torch symbol the next IR name (`s0`, `s1`, ...) unless it has one."""
@@ -95,6 +98,10 @@ class SymbolMap:
             return float(converted)
         if converted is sympy.true or converted is sympy.false:
             return bool(converted)
+        # a Max/Min the export ranges decide is its winner (MPT's max(0, 128 - seq))
+        converted = decide_extrema(converted, self.bounds)
+        if isinstance(converted, sympy.Basic) and converted.is_Integer:
+            return int(converted)
         return normalize(converted)
 
     def _convert(self, e: sympy.Basic) -> sympy.Basic:
@@ -126,6 +133,7 @@ class SymbolMap:
             lower = 1 if vr is None else _bound(vr.lower)
             upper = None if vr is None else _bound(vr.upper)
             out[name] = (max(lower if lower is not None else 1, 0), upper)
+        self.bounds = out
         return out
 
 

@@ -14,7 +14,8 @@ from tests.benchmarks.scripts import benchmark_script
 SAMPLE = [
     "causal-lm/llama", "causal-lm/gpt2", "causal-lm/qwen2", "causal-lm/mistral",
     "causal-lm/phi3", "causal-lm/gemma", "causal-lm/gpt_neox", "causal-lm/opt",
-    "causal-lm/falcon", "masked-lm/bert", "masked-lm/roberta", "masked-lm/distilbert",
+    "causal-lm/falcon", "causal-lm/mpt", "masked-lm/bert", "masked-lm/roberta",
+    "masked-lm/distilbert",
     "image-classification/vit", "image-classification/deit", "image-classification/resnet",
 ]
 

@@ -249,6 +249,26 @@ def test_indices_from_the_end_of_a_dynamic_dim(fn, lo):
     check(One(fn), runs[1], dynamic_shapes=({1: Dim("seq", min=lo, max=16)},), runs=runs)
 
 
+@pytest.mark.parametrize("fn", [
+    # MPT's ALiBi bias[:, max(0, 128 - seq):]: Max(0, 128 - s0), decided by seq <= 64
+    lambda x: torch.arange(128.0).expand(1, 128)[:, max(0, 128 - x.shape[1]):] * x[:, :, 0],
+    lambda x: x[:, max(0, 1 - x.shape[1]):] * 2,  # Max(0, 1 - s0) = 0
+], ids=["max_from_the_end", "max_zero"])  # (torch.export refuses min() of a size itself)
+def test_slice_starts_with_max_and_min_decided_by_the_range(fn):
+    runs = [(torch.randn(1, n, 4),) for n in (2, 5, 64)]
+    graph = check(One(fn), runs[1], dynamic_shapes=({1: Dim("seq", min=2, max=64)},), runs=runs)
+    assert "Max" not in print_ir(graph) and "Min" not in print_ir(graph)
+
+
+def test_extrema_the_range_does_not_decide_stay():
+    from compiler.frontend.aten.shape import decide_extrema
+
+    s0 = sympy.Symbol("s0", integer=True, positive=True)
+    assert decide_extrema(sympy.Max(0, 128 - s0), {"s0": (2, 64)}) == 128 - s0
+    assert decide_extrema(sympy.Max(0, 128 - s0), {"s0": (2, 200)}) == sympy.Max(0, 128 - s0)
+    assert decide_extrema(sympy.Min(s0, 8) + 1, {"s0": (2, 6)}) == s0 + 1
+
+
 def test_slice_start_before_a_static_dim_is_clamped_to_zero():
     graph = check(One(lambda x: x[:, -7:] * 2), (torch.randn(1, 5, 4),))
     assert any(n.op == "slice" and n.attrs["start"] == 0 for n in graph.nodes) or \

@@ -8,14 +8,13 @@ lift_fresh_copy, eval-mode dropout) are identities; a later pass removes no-op r
 
 from __future__ import annotations
 
-import math
-
 import sympy
 
 from compiler.ir import DType
 from compiler.ir.symbolic import normalize
 
 from ..emitter import AtenEmitter, Unsupported
+from ..size_bounds import bounds, decide_extrema
 from .table import converts
 
 # -- identities and dropped nodes ---------------------------------------------------------------
@@ -78,27 +77,9 @@ def _expand(em: AtenEmitter, a):
 
 
 # -- slicing ------------------------------------------------------------------------------------
-def _bounds(e, ranges) -> tuple[float, float]:
-    """Smallest and largest value of an int or a size expression affine in its symbols, given
-    their ranges (+-inf where a range is open or the expression is not affine)."""
-    if isinstance(e, int) or e.is_Integer:
-        return int(e), int(e)
-    poly = e.as_poly(*sorted(e.free_symbols, key=str)) if e.free_symbols else None
-    if poly is None or poly.total_degree() > 1:
-        return -math.inf, math.inf
-    lo = hi = float(poly.coeff_monomial(1))
-    for sym in poly.gens:
-        coeff = float(poly.coeff_monomial(sym))
-        low, high = ranges.get(str(sym), (1, None))
-        far = math.copysign(math.inf, coeff) if high is None else coeff * high
-        ends = (coeff * low, far)
-        lo, hi = lo + min(ends), hi + max(ends)
-    return lo, hi
-
-
 def _sign(i, ranges) -> int | None:
     """-1, 0 or 1 for every size the symbols' ranges allow; None when it depends on the sizes."""
-    lo, hi = _bounds(i, ranges)
+    lo, hi = bounds(i, ranges)
     if lo == hi == 0:
         return 0
     if hi < 0:
@@ -131,14 +112,19 @@ def slice_start(em: AtenEmitter, start, size):
     ranges = em.graph.symbols
     if isinstance(start, int) and isinstance(size, int):
         return min(max(start + size if start < 0 else start, 0), size)
-    lo, hi = _bounds(start, ranges)
+    start = decide_extrema(start, ranges)
+    if isinstance(start, sympy.Integer):
+        start = int(start)
+        if isinstance(size, int):
+            return min(max(start + size if start < 0 else start, 0), size)
+    lo, hi = bounds(start, ranges)
     if hi < 0:  # counts from the end everywhere
         start = normalize(sympy.simplify(size + start))
-        lo, hi = _bounds(start, ranges)
+        lo, hi = bounds(start, ranges)
     if lo < 0:
         raise Unsupported(f"slice start {start} may lie before the start of the dim; export "
                           "with a range that decides it")
-    past_lo, past_hi = _bounds(normalize(sympy.simplify(start - size)), ranges)
+    past_lo, past_hi = bounds(normalize(sympy.simplify(start - size)), ranges)
     if past_hi <= 0:  # never past the end (or exactly at it)
         return start
     if past_lo >= 0:  # always at or past the end: an empty slice at the end
