@@ -67,7 +67,7 @@ class LanguageStep(torch.nn.Module):
         return self.lm_head(hidden)
 
 
-class VisionEncoder(torch.nn.Module):
+class VisionTower(torch.nn.Module):
     """pixels -> projected image features, with the feature layer and strategy of the config."""
 
     def __init__(self, full: torch.nn.Module):
@@ -130,7 +130,7 @@ def compile_vision(compile: Callable[..., Path], full: torch.nn.Module, pixels: 
     """The vision encoder compiled (by the driver's `compile`) as a forward artifact: its
     files under `vision/`, and its output shape [1, patches, hidden]."""
     with tempfile.TemporaryDirectory(prefix="dayzero-vision-") as tmp:
-        path = compile(VisionEncoder(full).eval(), (pixels,), out=Path(tmp) / "vision.dz",
+        path = compile(VisionTower(full).eval(), (pixels,), out=Path(tmp) / "vision.dz",
                        backend=backend, config=config, checkpoint=checkpoint, log=log)
         if checkpoint is not None:  # the language step streams the shards afresh
             checkpoint.reader.stats = type(checkpoint.reader.stats)()

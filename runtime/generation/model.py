@@ -32,7 +32,7 @@ from .scheduler import Sequence as Request
 from .spec import GenerationSpec
 from .step import StepPart
 from .tokenizer import ArtifactTokenizer, load_tokenizer
-from .vision import ImageRows, VisionEncoder, image_feeds, split_messages
+from .vision import ImageEncoder, ImageRows, image_feeds, split_messages
 
 
 class GenerationModel:
@@ -48,7 +48,7 @@ class GenerationModel:
         self._runner: StepRunner | None = None
         self._tokenizer: ArtifactTokenizer | None | bool = False  # False: not read yet
         section = step.manifest["generation"].get("vision")
-        self.vision = None if section is None else VisionEncoder(step, section)
+        self.vision = None if section is None else ImageEncoder(step, section)
         self.stats = GenerationStats()
 
     def __getattr__(self, name: str) -> Any:  # path, manifest, backend, describe, ...

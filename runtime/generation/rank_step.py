@@ -41,7 +41,7 @@ STOP, STEP, FORWARD = 0, 1, 2  # what rank 0 asks of the others
 _PART = 4  # int64 entries per part in a step message: tokens, start, table length, logits
 
 
-class RankStep:
+class RankStepModel:
     """This rank's step program, called like a CompiledModel with this rank's inputs (its
     share of the pool) and returning this rank's outputs: the whole logits, its KV heads' new
     keys and values."""
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     rank, model = os.environ.get("RANK", "?"), None
     try:
         model = RankModel(args.artifact, verify=args.verify, timeout=args.timeout)
-        step = RankStep(model)
+        step = RankStepModel(model)
         spec = GenerationSpec.from_manifest(model.artifact.manifest.get("generation"),
                                             str(model.path))
         world = model.env.world_size

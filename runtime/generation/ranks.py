@@ -32,7 +32,7 @@ from ..comm import DEFAULT_TIMEOUT, RankFailure, Rendezvous
 from ..distributed import RankModel, free_port, world_size
 from .engine import StepRunner
 from .model import GenerationModel
-from .rank_step import FORWARD, STEP, STOP, WORKER, RankStep, StepChannel, rank_spec
+from .rank_step import FORWARD, STEP, STOP, WORKER, RankStepModel, StepChannel, rank_spec
 from .step import StepPart
 
 WATCH_SECONDS = 0.1  # how often the worker processes are checked
@@ -207,7 +207,7 @@ def _leave_group() -> None:
 class _RankStepRunner(StepRunner):
     """Rank 0's StepRunner: each step goes to the other ranks before it runs here."""
 
-    def __init__(self, group: RankGroup, model: RankStep, spec):
+    def __init__(self, group: RankGroup, model: RankStepModel, spec):
         super().__init__(model, spec)
         self.group = group
 
@@ -222,7 +222,7 @@ class TensorParallelGenerationModel(GenerationModel):
     stops the other ranks (also at exit); `on_failure(callback)` hears of a rank that died."""
 
     def __init__(self, group: RankGroup, kv_cache_memory: int | None = None):
-        super().__init__(RankStep(group.rank_model), kv_cache_memory=kv_cache_memory)
+        super().__init__(RankStepModel(group.rank_model), kv_cache_memory=kv_cache_memory)
         self.group = group
         self.ranks = group.world
         # checked here, before a step: the other ranks allocate their pools from it at start

@@ -65,7 +65,7 @@ def image_feeds(parts: Sequence[StepPart], hidden: int, dtype: Any = np.float32
     return {"image_embeds": rows, "image_mask": mask}
 
 
-class VisionEncoder:
+class ImageEncoder:
     """The artifact's vision encoder and image processor, and the prompt's image tokens."""
 
     def __init__(self, step_model, section: Any):

@@ -167,7 +167,7 @@ def test_report_shows_fusion_counts_and_patterns(tmp_path, capsys):
                  "remove_noops,fold_constants,eliminate_common_subexpressions,"
                  "eliminate_dead_code,fuse,fuse_groups"]) == 0
     text = capsys.readouterr().out
-    assert "fusion: 184 nodes -> 54 nodes" in text
+    assert "fusion: 184 nodes -> 53 nodes" in text
     assert "add_rms_norm" in text and "attention_gqa" in text and "multi_head_attention" in text
     graph = (out / "graph.dzir").read_text()
     assert "gated_mlp(" in graph and "origin=" in graph
