@@ -30,8 +30,8 @@ def check_task(task: str) -> None:
 
 def check_parallel(parallel: dict[str, int]) -> None:
     """A generation artifact may be tensor parallel (heads and KV cache split over ranks that
-    step together); data and pipeline parallelism have no generation runtime."""
-    for key in ("data_parallel", "pipeline_parallel"):
+    step together); data, pipeline and expert parallelism have no generation runtime."""
+    for key in ("data_parallel", "pipeline_parallel", "expert_parallel"):
         if parallel.get(key, 1) != 1:
             raise DayzeroError(f"config key 'parallel.{key}' = {parallel[key]}: a generation "
                                "artifact is split over ranks by tensor parallelism only",

@@ -4,6 +4,7 @@
 from . import (  # noqa: F401
     collective,
     elementwise,
+    expert_comm,
     fused,
     latent,
     moe,
