@@ -1,0 +1,96 @@
+"""Expert parallelism on real ranks: transformers' Mixtral (tiny: hidden 32, 2 layers, 4 experts
+top-2) compiled for onnxruntime with `parallel: {expert_parallel: 2}` and with expert and tensor
+parallelism on the same two ranks, each run on two gloo ranks started by torch.distributed's
+launcher, against the one-process artifact and eager within 1e-5; each rank's weight files
+holding only its two experts; the same rank programs in one process (threads) at lengths where a
+rank dispatches no tokens and may receive no rows.
+
+One export and one launch per config (each launch starts two processes that import torch).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+
+import runtime
+from passes import DEFAULT_PIPELINE, PassManager
+from passes.parallel.expert_parallel import with_moe_fusion
+from runtime.artifact import open_artifact
+from runtime.distributed import LaunchedModel
+from runtime.rank_exec import RankExecutor
+from runtime.specs import specs_from_manifest
+from runtime.validate import prepare_inputs
+from tests.numerics import assert_fp32_close
+from tests.passes.parallel_util import run_ranks
+from tests.runtime.experts_util import SEQ, compile_mixtral, eager_logits, mixtral_graph, token_ids
+
+CONFIGS = {"ep2": {"expert_parallel": 2}, "ep2tp2": {"expert_parallel": 2, "tensor_parallel": 2}}
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("experts")
+    paths = {name: compile_mixtral(root / f"{name}.dz", parallel)
+             for name, parallel in CONFIGS.items()}
+    return {"one": compile_mixtral(root / "one.dz"), **paths}
+
+
+@functools.cache
+def _one_process(path) -> np.ndarray:
+    return runtime.load(path)(token_ids(SEQ))[0]
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_two_gloo_ranks_match_one_process_and_eager(artifacts, name):
+    ids = token_ids(SEQ)
+    model = runtime.load(artifacts[name], timeout=60)
+    assert isinstance(model, LaunchedModel) and model.nproc == 2
+    (got,) = model(ids)
+    np.testing.assert_allclose(got, _one_process(artifacts["one"]), rtol=1e-5, atol=1e-5)
+    assert_fp32_close(got, eager_logits(ids), what=f"logits at seq {SEQ}")
+
+
+def test_each_rank_stores_only_its_experts(artifacts):
+    graph = PassManager(with_moe_fusion(DEFAULT_PIPELINE)).run(mixtral_graph())
+    full = {k: np.asarray(v) for k, v in graph.weight_data.items()}
+    experts = {v.name for n in graph.nodes if n.op == "moe" for v in n.inputs[2:4]}
+    assert len(experts) == 4  # gate_up and down of both layers
+    stored = []
+    for rank in range(2):
+        weights = open_artifact(artifacts["ep2"], rank=rank).weights("np", rank=rank)
+        assert set(weights) == set(full)
+        for name, data in weights.items():
+            want = full[name][2 * rank:2 * rank + 2] if name in experts else full[name]
+            np.testing.assert_array_equal(data, want, err_msg=name)
+        stored.append(sum(w.nbytes for w in weights.values()))
+    expert_bytes = sum(full[name].nbytes for name in experts)
+    total = sum(w.nbytes for w in full.values())
+    assert stored == [total - expert_bytes // 2] * 2
+
+
+def test_attention_is_split_by_heads_and_the_moe_by_experts(artifacts):
+    text = open_artifact(artifacts["ep2tp2"], rank=1).graph_text(1)
+    assert "weight @model.model.layers.0.self_attn.q_proj.weight: f32[16, 32]" in text
+    assert text.count("= expert_dispatch(") == 2 and text.count("= expert_combine(") == 2
+    assert "f32[2, 32, 64]" in text and "f32[4, 32, 64]" not in text  # 2 of the 4 experts
+
+
+@functools.cache
+def _programs(path):
+    opened = [open_artifact(path, rank=r) for r in range(2)]
+    specs = specs_from_manifest(opened[0].manifest, "inputs")
+    return [RankExecutor(a, r) for r, a in enumerate(opened)], specs
+
+
+@pytest.mark.parametrize("name,seq", [("ep2", 1), ("ep2", 5), ("ep2tp2", 1)])
+def test_rank_programs_in_one_process_match_eager(artifacts, name, seq):
+    """seq 1: rank 0's token slice is empty, and one rank may receive no rows at all."""
+    programs, specs = _programs(artifacts[name])
+    ids = token_ids(seq)
+    arrays, bindings = prepare_inputs(specs, [ids])
+    for (got,) in run_ranks(2, lambda r: programs[r](arrays, bindings)):
+        assert_fp32_close(torch.as_tensor(got), eager_logits(ids), what=f"logits at seq {seq}")
