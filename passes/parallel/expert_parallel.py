@@ -9,7 +9,8 @@ weights (and biases). Three pieces:
   and `parallel.expert_parallel`), or a graph with no `moe` op at all (its MoE blocks were not
   recognised; expert parallelism would silently do nothing).
 - the `moe` sharding rule: with its experts split over `ep`, the op takes its tokens and router
-  logits whole and gives a whole result, so propagation inserts nothing around it.
+  logits whole and gives a whole result (or all three split by data parallelism: an expert
+  group lies within one data-parallel replica), so propagation inserts nothing around it.
 - `expand_moe`, called by `localize`, writes each rank's part of such an op:
 
       weights, indices = route(logits)                  every rank routes every token
@@ -50,7 +51,7 @@ from compiler.ir.symbolic import upper_bound
 from passes.base import Pass, PassResult
 from passes.registry import register_pass
 
-from .layout import REPLICATED, Layout
+from .layout import REPLICATED, Layout, divisible
 from .rules import Decision, replicate_all, rule
 
 if TYPE_CHECKING:
@@ -61,7 +62,8 @@ AXIS = "ep"
 EXPERTS = Layout(((AXIS, 0),))  # stacked expert weights split along the experts
 # the moe operands stacked by expert (dim 0), and the ones expert parallelism knows how to place
 EXPERT_OPERANDS = ("w_gate_up", "w_down", "b_gate_up", "b_down")
-PLACED = ("x", "logits", "score_bias", *EXPERT_OPERANDS)
+TOKEN_OPERANDS = ("x", "logits")  # [tokens, ...]: whole, or split by data parallelism
+PLACED = (*TOKEN_OPERANDS, "score_bias", *EXPERT_OPERANDS)
 ROWS_SYMBOL = "ep_rows"  # prefix of the symbols for the rows a rank receives
 
 
@@ -160,13 +162,18 @@ class ShardExpertParallel(Pass):
 
 @rule("moe")
 def moe_rule(node: Node, layouts, sizes) -> Decision:
-    """Experts split over `ep` stay split; tokens, logits and the result are whole."""
+    """Experts split over `ep` stay split; tokens, logits and the result are whole, or split
+    by data parallelism (each data-parallel replica's expert group sees its own tokens)."""
     names = operand_names()
     if AXIS not in sizes or layouts[names.index("w_gate_up")].dim_of(AXIS) != 0:
         return replicate_all(node, layouts, sizes)
-    want = [None if v is None else EXPERTS if name in EXPERT_OPERANDS else REPLICATED
+    tokens = REPLICATED
+    if layouts[0].dim_of("dp") == 0 and divisible(node.inputs[0].type.shape[0], sizes["dp"]):
+        tokens = Layout((("dp", 0),))
+    want = [None if v is None else EXPERTS if name in EXPERT_OPERANDS else
+            tokens if name in TOKEN_OPERANDS else REPLICATED
             for name, v in zip(names, node.inputs)]
-    return Decision(want, [REPLICATED])
+    return Decision(want, [tokens])
 
 
 def expand_moe(loc: _Localizer, node: Node, operands: list[Value | None]) -> Value:

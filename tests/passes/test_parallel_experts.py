@@ -190,3 +190,45 @@ def test_expert_parallel_without_a_moe_op_is_an_error():
                      "  return %y\n}\n")
     with pytest.raises(DayzeroError, match="expert_parallel' = 2, but the graph has no moe op"):
         partition(graph, Mesh(ep=2))
+
+
+@pytest.mark.parametrize("mesh", [dict(dp=2, ep=2), dict(pp=2, ep=2), dict(dp=2, tp=2, ep=2)],
+                         ids=lambda m: ",".join(f"{k}={v}" for k, v in m.items()))
+def test_expert_parallel_composes_with_data_and_pipeline_parallel(mesh):
+    graph = parse_ir(BLOCK.replace("  symbol s0 in [1, 64]\n", "").replace("s0", "6"))
+    gen = torch.Generator().manual_seed(5)
+    graph.weight_data = {name: torch.randn(*v.type.shape, generator=gen)
+                         for name, v in graph.weights.items()}
+    x = torch.randn(6, 8, generator=gen)
+    want = run_graph(graph, graph.weight_data, [x])[0]
+    plan = partition(graph, Mesh(**mesh))
+    if "dp" in mesh:  # each data-parallel replica's expert group dispatches its own tokens
+        assert "expert_dispatch(%x.dp.dp1, " in print_ir(plan.ranks[2].graph)
+    outputs = [o for o in run_rank_programs([r.graph for r in plan.ranks], [x]) if o]
+    assert len(outputs) == (2 if "pp" in mesh else 4)
+    for (got,) in outputs:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_compile_refuses_experts_that_do_not_divide(tmp_path):
+    from compiler.config import load_config
+    from compiler.driver import _backend, lower_and_write
+    from compiler.log import SILENT
+
+    with pytest.raises(DayzeroError) as info:
+        lower_and_write(block(), tmp_path / "m.dz", _backend("reference"),
+                        load_config({"parallel": {"expert_parallel": 3}}), passes=None,
+                        dump_ir=None, force=False, log=SILENT)
+    assert "'parallel.expert_parallel' = 3 does not divide the 4 experts of moe %y" in \
+        info.value.message()
+    assert not (tmp_path / "m.dz").exists()
+
+
+def test_expert_parallel_config_values_are_checked():
+    from compiler.config import load_config
+    from compiler.generation import check_parallel
+
+    with pytest.raises(DayzeroError, match="'parallel.expert_parallel' has impossible value 0"):
+        load_config({"parallel": {"expert_parallel": 0}})
+    with pytest.raises(DayzeroError, match="'parallel.expert_parallel' = 2: a generation"):
+        check_parallel(load_config({"parallel": {"expert_parallel": 2}}).parallel)
