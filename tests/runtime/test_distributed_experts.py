@@ -86,10 +86,10 @@ def _programs(path):
     return [RankExecutor(a, r) for r, a in enumerate(opened)], specs
 
 
-@pytest.mark.parametrize("name,seq", [("ep2", 1), ("ep2", 5), ("ep2tp2", 1)])
-def test_rank_programs_in_one_process_match_eager(artifacts, name, seq):
+@pytest.mark.parametrize("seq", [1, 2])
+def test_rank_programs_in_one_process_match_eager(artifacts, seq):
     """seq 1: rank 0's token slice is empty, and one rank may receive no rows at all."""
-    programs, specs = _programs(artifacts[name])
+    programs, specs = _programs(artifacts["ep2"])
     ids = token_ids(seq)
     arrays, bindings = prepare_inputs(specs, [ids])
     for (got,) in run_ranks(2, lambda r: programs[r](arrays, bindings)):
