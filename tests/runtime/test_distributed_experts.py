@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+import onnx
 import pytest
 import torch
 
@@ -94,3 +95,27 @@ def test_rank_programs_in_one_process_match_eager(artifacts, seq):
     arrays, bindings = prepare_inputs(specs, [ids])
     for (got,) in run_ranks(2, lambda r: programs[r](arrays, bindings)):
         assert_fp32_close(torch.as_tensor(got), eager_logits(ids), what=f"logits at seq {seq}")
+
+
+def test_a_rank_without_rows_runs_its_experts_on_onnxruntime(tmp_path):
+    """Router biases that always choose experts 0 and 1: rank 1's com.microsoft.MoE segment
+    gets zero rows, and both ranks still return the one-device result."""
+    from backends.reference.interpreter import run_graph
+    from compiler.config import load_config
+    from compiler.driver import _backend, lower_and_write
+    from compiler.log import SILENT
+    from tests.passes.test_parallel_experts import block
+
+    graph = block(router_bias=[50.0, 40.0, -50.0, -50.0])
+    x = np.random.default_rng(0).standard_normal((5, 8)).astype(np.float32)
+    want = run_graph(graph, graph.weight_data, [x])[0]
+    path = lower_and_write(graph, tmp_path / "m.dz", _backend("onnxruntime"),
+                           load_config({"parallel": {"expert_parallel": 2}}), passes=None,
+                           dump_ir=None, force=False, log=SILENT)
+    programs, specs = _programs(path)
+    segments = sorted((path / "backend" / "rank-1").rglob("*.onnx"))
+    assert "MoE" in {node.op_type for f in segments
+                     for node in onnx.load(str(f), load_external_data=False).graph.node}
+    arrays, bindings = prepare_inputs(specs, [x])
+    for (got,) in run_ranks(2, lambda r: programs[r](arrays, bindings)):
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-5)
