@@ -318,7 +318,7 @@ def _default_pipeline(cfg: CompileConfig, target, default: str) -> str:
     if _world_size(cfg) == 1 and target.default_pipeline:
         return target.default_pipeline
     if cfg.parallel.get("expert_parallel", 1) > 1:
-        from passes.parallel.expert_parallel import with_moe_fusion
+        from passes.parallel.shard_expert_parallel import with_moe_fusion
 
         return with_moe_fusion(default)
     return default

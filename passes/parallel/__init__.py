@@ -10,6 +10,7 @@ from . import (  # noqa: F401  (registers the passes and the moe sharding rule)
     expert_parallel,
     propagate_sharding,
     shard_data_parallel,
+    shard_expert_parallel,
     shard_tensor_parallel,
 )
 from .layout import REPLICATED, Layout

@@ -19,7 +19,7 @@ import torch
 
 import runtime
 from passes import DEFAULT_PIPELINE, PassManager
-from passes.parallel.expert_parallel import with_moe_fusion
+from passes.parallel.shard_expert_parallel import with_moe_fusion
 from runtime.artifact import open_artifact
 from runtime.distributed import LaunchedModel
 from runtime.rank_exec import RankExecutor
