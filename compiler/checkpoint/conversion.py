@@ -123,7 +123,8 @@ class ConvertedGroup:
         for record, tensor in zip(self.records, tensors, strict=True):
             pattern = next(p for p, rs in self.parts.items() if record in rs)
             conv.add_tensor(self.key, record.name, pattern, lambda t=tensor: t)
-        out = conv.convert(self.key, model=rules.model, config=rules.model.config)
+        out = conv.convert(self.key, model=rules.model,
+                           config=getattr(rules.model, "config", None))
         return {k: v[0] if isinstance(v, list) else v for k, v in out.items()}
 
     def _runner(self, rules: ConversionRules) -> Callable[[list[Any]], dict[str, Any]]:

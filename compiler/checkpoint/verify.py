@@ -133,12 +133,13 @@ _STACKED = re.compile(r"\.experts\.[A-Za-z_]+$")
 
 def _per_expert_error(layout: CheckpointLayout, model: ModelTensors, model_name: str,
                       converted: set[str]) -> CheckpointError | None:
-    """Per-expert tensors (the Hub's MoE layout) for a model that stacks its experts, which no
-    converter of transformers' mapping reads: the config is the right one, the expert names are
-    not ones transformers knows for this model. Not the generic 'wrong config.json' error."""
-    per_expert = sorted(n for n in layout.tensors if _PER_EXPERT.search(n) and n not in converted)
+    """Per-expert tensors (the Hub's MoE layout) for a model that stacks its experts, none of
+    which a converter of transformers' mapping reads: the config is the right one, the expert
+    names are not ones transformers knows for this model. Not the generic 'wrong config.json'
+    error. (Where some are read, the others are misnamed, and listed as such.)"""
+    per_expert = sorted(n for n in layout.tensors if _PER_EXPERT.search(n))
     stacked = sorted(n for n in model.expected if _STACKED.search(n))
-    if not per_expert or not stacked:
+    if not per_expert or not stacked or converted:  # mapped: what is left is named one by one
         return None
     rules = model.conversions
     reads = sorted({p for c in rules.converters for p in c.source_patterns if "*" in p}
