@@ -287,3 +287,19 @@ def test_a_transposing_conversion_runs_transformers_operations(tmp_path):
     assert written == stored.transpose(1, 2).contiguous().bfloat16().view(torch.int16) \
         .numpy().tobytes()
     assert reader.stats.tensors == 1 and reader.stats.bytes_written == 4 * 6 * 8 * 2
+
+
+def test_integer_histc_of_the_meta_device_expert_path_counts_exactly(tmp_path):
+    """A checkpoint's model is exported on the meta device, where transformers' expert path
+    counts tokens per expert with histc of int32 (CPU takes floats only, so eager is checked
+    on the float copy): the counts are exact and int32, as torch returns them."""
+
+    class Count(torch.nn.Module):
+        def forward(self, ids):
+            return torch.histc(ids, bins=4, min=0, max=3)
+
+    ids = torch.tensor([0, 3, 2, 2, 7, -1, 1, 3, 2**24 + 1], dtype=torch.int32)
+    out = compile(Count(), (ids.to("meta"),), out=tmp_path / "m.dz", backend="onnxruntime")
+    got = runtime.load(out)(ids.numpy())[0]
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, torch.histc(ids.double(), 4, 0, 3).int().numpy())
