@@ -98,7 +98,7 @@ class ConvertedGroup:
 
     def describe(self) -> str:
         first = self.records[0]
-        return f"stacked from {len(self.records)} tensors such as '{first.name}' ({first.file})"
+        return f"made from {len(self.records)} tensors such as '{first.name}' ({first.file})"
 
     def streamable(self) -> bool:
         """The operations only stack along a new first dim (then concatenate along the next):
@@ -120,9 +120,11 @@ class ConvertedGroup:
     def run(self, tensors: list[Any], rules: ConversionRules) -> dict[str, Any]:
         """transformers' operations on `tensors` (in `records` order): parameter -> tensor."""
         conv = copy.deepcopy(self.converter)
-        for record, tensor in zip(self.records, tensors, strict=True):
-            pattern = next(p for p, rs in self.parts.items() if record in rs)
-            conv.add_tensor(self.key, record.name, pattern, lambda t=tensor: t)
+        by_name = {r.name: t for r, t in zip(self.records, tensors, strict=True)}
+        for pattern, records in self.parts.items():
+            for record in records:
+                conv.add_tensor(self.key, record.name, pattern,
+                                lambda t=by_name[record.name]: t)
         out = conv.convert(self.key, model=rules.model,
                            config=getattr(rules.model, "config", None))
         return {k: v[0] if isinstance(v, list) else v for k, v in out.items()}

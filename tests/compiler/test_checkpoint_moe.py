@@ -256,7 +256,7 @@ def test_more_experts_than_the_config_is_a_config_mismatch(hub_dir):
     with pytest.raises(CheckpointError) as info:
         open_checkpoint(hub_dir)
     text = str(info.value)
-    assert "shape mismatch 'model.layers.0.mlp.experts.down_proj' (stacked from 4 tensors such " \
+    assert "shape mismatch 'model.layers.0.mlp.experts.down_proj' (made from 4 tensors such " \
            "as 'model.layers.0.block_sparse_moe.experts.0.w2.weight'" in text
     assert "checkpoint f32[4, 32, 32], model expects f32[3, 32, 32]" in text
 
