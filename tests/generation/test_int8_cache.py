@@ -41,7 +41,7 @@ def int8_lm(tmp_path_factory):
 def test_the_pool_is_int8_with_scales_and_a_quarter_of_the_bytes(int8_lm):
     _, model = int8_lm
     runner = model.runner
-    assert runner.cache.keys.dtype == np.int8 and runner.cache.scales is not None
+    assert runner.cache.flat(0, 0).dtype == np.int8 and runner.cache.scales is not None
     # 16 int8 bytes + one f32 scale per token and head, against 64 bytes in f32
     assert runner.layout.block_bytes * 64 == 2 * 2 * 16 * 2 * 20 * 64
     assert runner.allocator.num_blocks == (4 << 20) // runner.layout.block_bytes

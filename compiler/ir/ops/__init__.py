@@ -10,6 +10,7 @@ from . import (  # noqa: F401
     multi_head,
     nn,
     paged,
+    paged_latent,
     quantized,
     reduction,
     resize,
