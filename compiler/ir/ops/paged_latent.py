@@ -77,7 +77,7 @@ def _rule(types, attrs):
     if not (equal(token_seq.shape[0], tokens) and equal(token_len.shape[0], tokens)):
         raise ShapeError("paged_latent_attention: token_seq and token_len need one entry per "
                          "token")
-    check_window_softcap(attrs, "paged_latent_attention")
+    check_window_softcap({**attrs, "is_causal": True}, "paged_latent_attention")
     return [q.with_shape((1, tokens, heads * v_size)), q.with_shape((tokens, 1, rank)),
             q.with_shape((tokens, 1, rope))]
 
