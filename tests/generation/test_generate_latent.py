@@ -93,3 +93,4 @@ def test_the_artifact_is_still_its_prefill_forward(lm):
         eager = hf(ids, use_cache=False).logits.numpy()
     (logits,) = model(ids.numpy())
     np.testing.assert_allclose(logits, eager, atol=1e-4, rtol=0)
+
