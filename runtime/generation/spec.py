@@ -3,9 +3,9 @@
 The compiler records what the runtime needs to drive the step graph: the cache geometry per
 layer (KV heads, head sizes, sliding window; a latent-attention layer caches its compressed
 latent and shared rotary key instead, entry `[1, kv_lora_rank, rope_dim, window, "latent"]`),
-the vocabulary, the longest sequence the model was
-exported for, the end-of-sequence ids, and the cache settings of the `generation:` config
-(memory, block size, prefill chunk, token budget per step). Every field is checked here, with
+the vocabulary, the longest sequence the model was exported for, the end-of-sequence ids, and
+the cache settings of the `generation:` config (memory, block size, prefill chunk, token budget
+per step). Every field is checked here, with
 bounds, before the runtime allocates anything from it.
 """
 
