@@ -94,3 +94,13 @@ def test_the_artifact_is_still_its_prefill_forward(lm):
     (logits,) = model(ids.numpy())
     np.testing.assert_allclose(logits, eager, atol=1e-4, rtol=0)
 
+
+
+def test_align_checks_a_prefill_and_a_decode_step(lm, capsys):
+    from compiler.cli import main
+
+    _, model = lm
+    assert main(["align", str(model.path)]) == 0
+    out = capsys.readouterr().out
+    assert "== decode step (1 token after 8 cached)" in out
+    assert out.count("OK: every compared value is within its threshold") == 2
