@@ -91,9 +91,22 @@ def _layer_cache(node) -> LayerCache:
     return LayerCache(key[1], key[2], value[2], node.attrs["window"], _PAGED_KINDS[node.op])
 
 
+def _check_latent_parallel(blocks: list, ranks: int) -> None:
+    """The partitioner splits a step's caches by KV heads; a latent cache has none to split."""
+    latent = next((n for n in blocks if n.op == "paged_latent_attention"), None)
+    if latent is not None and ranks > 1:
+        raise DayzeroError(
+            f"latent attention %{latent.outputs[0].name} at {latent.loc or 'unknown location'} "
+            "caches one latent per token shared by every head, which tensor parallelism cannot "
+            "split by KV heads", "parallel.tensor_parallel",
+            "compile this model for generation without tensor_parallel")
+
+
 def generation_section(graph: Graph, forward: dict[str, Any], cfg: CompileConfig,
                        eos_token_ids: list[int], tokenizer: list[str]) -> dict[str, Any]:
-    layers = [_layer_cache(n) for n in graph.nodes if n.op in _PAGED_KINDS]
+    blocks = [n for n in graph.nodes if n.op in _PAGED_KINDS]
+    _check_latent_parallel(blocks, cfg.parallel.get("tensor_parallel", 1))
+    layers = [_layer_cache(n) for n in blocks]
     tokens = graph.inputs[0].shape[1]
     vocab = graph.outputs[0].shape[-1]
     if not isinstance(vocab, int):

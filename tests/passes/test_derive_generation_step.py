@@ -32,3 +32,15 @@ def test_a_latent_block_that_is_not_causal_is_named():
     with pytest.raises(DayzeroError, match=r"attention node %att \(latent_attention\).*"
                                            "cannot read a KV cache: it is not causal"):
         _derive(text)
+
+
+def test_a_latent_step_is_not_tensor_parallel():
+    from compiler.config import load_config
+    from compiler.generation import generation_section
+
+    graph = parse_ir((CASES / "latent.expected.dzir").read_text())
+    section = generation_section(graph, {}, load_config(None), [2], [])
+    assert section["layers"] == [[1, 16, 8, None, "latent"]]
+    with pytest.raises(DayzeroError, match=r"latent attention %att_paged .*cannot split") as info:
+        generation_section(graph, {}, load_config({"parallel": {"tensor_parallel": 2}}), [2], [])
+    assert info.value.where == "parallel.tensor_parallel"
