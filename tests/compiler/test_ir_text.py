@@ -86,6 +86,12 @@ OP_EXAMPLES = {
          TensorType(DType.i8, (40, 2, 8)), TensorType(DType.i8, (40, 2, 8)), i64(2, 12), i64(S0),
          i64(S0), f32(40, 2), f32(40, 2)],
         {"num_heads": 4, "kv_num_heads": 2, "window": 4, "softcap": 30.0}),
+    "paged_latent_attention": (
+        [f32(1, 4, S0, 24), f32(1, 1, S0, 16), f32(1, 1, S0, 8), W(f32(80, 16)),
+         TensorType(DType.i8, (40, 1, 16)), TensorType(DType.i8, (40, 1, 8)), i64(2, 12), i64(S0),
+         i64(S0), f32(40, 1), f32(40, 1)],
+        {"num_heads": 4, "nope_head_dim": 16, "v_head_dim": 4, "scale": 0.25, "window": 4,
+         "softcap": 30.0}),
     "sum": ([f32(S0, 4)], {"dims": [1], "keepdim": True}),
     "mean": ([f32(S0, 4)], {"dims": [-1]}),
     "var": ([f32(S0, 4)], {"dims": [0], "correction": 0}),

@@ -11,6 +11,7 @@ from . import (  # noqa: F401
     multi_head,
     nn,
     paged,
+    paged_latent,
     quantized,
     reduction,
     resize,
