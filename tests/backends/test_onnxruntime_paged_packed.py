@@ -99,3 +99,15 @@ def test_the_lowering_hands_the_projection_over_whole(tmp_path, v_size, is_packe
         assert all(paged.input[:3]) and paged.input[0] != "qkv"
     for got, w in zip(load(path)(x), want):
         np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("layout", [dict, packed])
+def test_a_step_of_many_tokens_takes_several_kv_heads_per_task(layout):
+    """33 blocks of 32 tokens make enough tasks for the kernel to keep both kv heads in one
+    (a step of few tokens, such as a decode step, gives each kv head its own task instead:
+    every other case here)."""
+    step = Step([(0, 530), (30, 526)], pool=64, pad=1, seed=7)
+    arrays = step.arrays()
+    got = run_native(step, layout(arrays))
+    for g, w in zip(got, reference(step, arrays)):
+        assert_same(g, w)

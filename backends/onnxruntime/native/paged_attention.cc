@@ -508,10 +508,15 @@ inline int64_t TokenBlocks(const PagedProblem& p) {
   return (p.tokens + kTokenTile - 1) / kTokenTile;
 }
 
-// Kv heads per task: as many as keep its rows within kTaskRows.
+// Kv heads per task: as many as keep its rows within kTaskRows; but one when that leaves
+// fewer than kMinTasks tasks (a decode step: every kv head in one task ran the whole
+// attention on one thread while the others waited), so that the threads share it.
 inline int64_t KvTile(const PagedProblem& p) {
   const int64_t heads = std::min(kHeadTile, p.num_heads / p.kv_heads);
-  return std::min({p.kv_heads, kKvTile, std::max<int64_t>(1, kTaskRows / (kTokenTile * heads))});
+  const int64_t widest =
+      std::min({p.kv_heads, kKvTile, std::max<int64_t>(1, kTaskRows / (kTokenTile * heads))});
+  const int64_t blocks = (p.kv_heads + widest - 1) / widest;
+  return TokenBlocks(p) * Tiles(p) * blocks < kMinTasks ? 1 : widest;
 }
 
 // Rows of one kv head in a task.
