@@ -124,10 +124,6 @@ class PagedKVCache:
         self.values = np.zeros(shape, _NUMPY[layout.dtype])
         self.scales = (np.zeros((2, *shape[:-1]), np.float32) if layout.dtype == "int8"
                        else None)
-        # the [slots, kv_heads, head_size] views, made once: every step stores into each
-        self._flat = [tuple(store[layer].reshape(-1, *shape[-2:])
-                            for store in (self.keys, self.values))
-                      for layer in range(layout.layers)]
 
     def write(self, layer: int, table: list[int], start: int, keys: np.ndarray,
               values: np.ndarray) -> None:
@@ -157,7 +153,8 @@ class PagedKVCache:
 
     def flat(self, layer: int, which: int) -> np.ndarray:
         """Layer `layer`'s keys (which 0) or values (1) as [slots, kv_heads, head_size], a view."""
-        return self._flat[layer][which]
+        store = (self.keys, self.values)[which][layer]
+        return store.reshape(-1, *store.shape[-2:])
 
     def flat_scales(self, layer: int, which: int) -> np.ndarray:
         """The int8 scales of `flat(layer, which)` as [slots, kv_heads], a view."""
