@@ -21,6 +21,11 @@ heads x S x S probabilities), plotted into --plot.
 
     python benchmarks/generate.py                              # everything (tens of minutes)
     python benchmarks/generate.py --context 512,2048 --skip-int4
+    python benchmarks/generate.py --precisions int4 --int4-group-sizes 32,128   # int4 rows only
+
+Each int4 row prints its quantize config and, beside the decode times, its last-position logit
+error against transformers' fp32 forward on the same prompts next to ORT GenAI int4's
+(benchmarks/logit_error.py): a coarser block is only a fair win if its error stays comparable.
 
 The harness (floors, parsing, the child protocol) is tested in
 tests/benchmarks/test_generate_harness.py; timings belong in docs/performance.md.
@@ -90,14 +95,24 @@ def weight_bytes(folder: Path) -> tuple[int, int]:
 
 
 # -- builds (each timed cold, in a fresh process) ---------------------------------------------
-def build_dayzero(folder: Path, out: Path, max_positions: int, int4: bool,
+def int4_config(group_size: int) -> str:
+    """The quantize section of a dayzero int4 row (printed with its figures)."""
+    return f"quantize: {{weights: int4, group_size: {group_size}, activations: int8}}"
+
+
+def int4_peer(group_size: int) -> str:
+    return "dayzero-int4" if group_size == 32 else f"dayzero-int4-g{group_size}"
+
+
+def build_dayzero(folder: Path, out: Path, max_positions: int, group_size: int | None,
                   reuse: bool = False) -> float:
-    """Compiled cold in a fresh process; an artifact left by an earlier run is rebuilt unless
-    `reuse` (it may come from older code: a stale artifact once hid a fusion fix)."""
+    """Compiled cold in a fresh process (int4 with `group_size`, else fp32); an artifact left
+    by an earlier run is rebuilt unless `reuse` (it may come from older code: a stale artifact
+    once hid a fusion fix)."""
     config = out.with_suffix(".yaml")
     lines = ["generation: {kv_cache_memory: 1GiB, prefill_chunk: 512, max_batch_tokens: 2048}"]
-    if int4:
-        lines.append("quantize: {weights: int4, group_size: 32, activations: int8}")
+    if group_size is not None:
+        lines.append(int4_config(group_size))
     config.write_text("\n".join(lines) + "\n")
     return _timed_command([sys.executable, "-m", "compiler.cli", "compile", str(folder), "-o",
                            str(out), "--seq-len", f"2:{max_positions}", "--config", str(config),
@@ -173,9 +188,8 @@ def prompts(batch: int, context: int, vocab: int) -> list[list[int]]:
 
 def child(peer: str, path: str, context: int, new: int, batch: int) -> Result:
     ids = prompts(batch, context, SHAPE["vocab_size"])
-    run = {"dayzero": _run_dayzero, "dayzero-int4": _run_dayzero,
-           "transformers": _run_transformers, "genai-fp32": _run_genai,
-           "genai-int4": _run_genai}[peer]
+    run = {"dayzero": _run_dayzero, "transformers": _run_transformers,
+           "genai": _run_genai}[peer.split("-")[0]]
     run(path, ids[:1], 8)  # warm up: first-call allocations and kernel selection
     start, stamps, kv = run(path, ids, new)
     ttft, decode, rate = decode_figures(stamps, start, batch, new)
@@ -279,6 +293,36 @@ def measure(peer: str, path: Path, context: int, new: int, batch: int) -> Result
     return Result.parse(done.stdout)
 
 
+ERROR_PROMPTS = 4
+
+
+def print_logit_errors(folder: Path, peers: dict[str, Path], prompt: int) -> None:
+    """Each int4 peer's last-position logits against transformers' fp32 on the same prompts
+    (each peer in a fresh process, as the timings)."""
+    from logit_error import error_figures
+
+    got = {}
+    for peer, path in {"transformers": folder, **peers}.items():
+        out = Path(path).parent / f"logits-{peer}.npy"
+        done = subprocess.run([sys.executable, __file__, "--logits-child", peer, str(path),
+                               str(prompt), str(out)], cwd=ROOT, capture_output=True,
+                              text=True, env=_env(), timeout=CHILD_TIMEOUT)
+        if done.returncode:
+            print(f"  logits of {peer} unavailable: "
+                  f"{(done.stderr.strip().splitlines() or ['failed'])[-1][:160]}")
+            continue
+        got[peer] = np.load(out)
+    if "transformers" not in got:
+        return
+    print(f"\n## int4 logit error against transformers fp32 (last position of "
+          f"{ERROR_PROMPTS} prompts of {prompt})")
+    for peer, logits in got.items():
+        if peer != "transformers":
+            e = error_figures(got["transformers"], logits)
+            print(f"  {peer:<20} rel RMS {e['rel_rms']:.4f}  max abs {e['max_abs']:.4f}  "
+                  f"top-1 agrees {e['top1']:.0%}")
+
+
 # -- machine floors --------------------------------------------------------------------------
 def read_bandwidth(threads: int = THREADS, megabytes: int = 512) -> float:
     """Bytes per second a `threads`-thread matrix-vector product streams from a matrix far
@@ -361,27 +405,44 @@ def main(argv: list[str] | None = None) -> int:
                    help="the checkpoint's and artifacts' position range (one build serves every "
                         "--context up to it)")
     p.add_argument("--workdir", default="/tmp/dayzero-generate-bench")
-    p.add_argument("--skip-int4", action="store_true")
+    p.add_argument("--skip-int4", action="store_true", help="the same as --precisions fp32")
+    p.add_argument("--precisions", default="fp32,int4",
+                   help="rows to run: fp32 (with batch 8 and long context), int4, or both")
+    p.add_argument("--int4-group-sizes", default="32",
+                   help="dayzero int4 rows, one per quantization block size (ORT GenAI's "
+                        "-p int4 uses 32)")
     p.add_argument("--reuse-builds", action="store_true",
                    help="run dayzero artifacts an earlier run left in --workdir (not cold)")
     p.add_argument("--skip-peers", action="store_true")
     p.add_argument("--plot", default="generate-context.png")
     p.add_argument("--child", nargs=5, metavar=("PEER", "PATH", "CONTEXT", "NEW", "BATCH"))
+    p.add_argument("--logits-child", nargs=4, metavar=("PEER", "PATH", "PROMPT", "OUT"))
     args = p.parse_args(argv)
     if args.child:
         peer, path, context, new, batch = args.child
         print(json.dumps(child(peer, path, int(context), int(new), int(batch)).__dict__))
         return 0
+    if args.logits_child:
+        from logit_error import save
+
+        peer, path, prompt, out = args.logits_child
+        save(peer, path, prompts(ERROR_PROMPTS, int(prompt), SHAPE["vocab_size"]), out)
+        return 0
+    precisions = set(args.precisions.split(",")) - ({"int4"} if args.skip_int4 else set())
+    groups = [int(g) for g in args.int4_group_sizes.split(",")] if "int4" in precisions else []
     contexts = [int(c) for c in args.context.split(",")]
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
     positions = max(max(contexts + [args.prompt]) + args.new, args.max_positions)
     folder = make_checkpoint(work / f"llama-150m-{positions}", positions)
-    paths = {"dayzero": work / f"dayzero-{positions}.dz",
-             "transformers": folder, "genai-fp32": work / "genai-fp32"}
-    if not args.skip_int4:
-        paths.update({"dayzero-int4": work / f"dayzero-int4-{positions}.dz",
-                      "genai-int4": work / "genai-int4"})
+    paths = {}
+    if "fp32" in precisions:
+        paths = {"dayzero": work / f"dayzero-{positions}.dz", "transformers": folder,
+                 "genai-fp32": work / "genai-fp32"}
+    for group in groups:
+        paths[int4_peer(group)] = work / (int4_peer(group) + f"-{positions}.dz")
+    if groups:
+        paths["genai-int4"] = work / "genai-int4"
     if args.skip_peers:
         paths = {k: v for k, v in paths.items() if k.startswith("dayzero")}
     print(f"# generation benchmark: {folder.name}, {THREADS} threads, load "
@@ -390,8 +451,8 @@ def main(argv: list[str] | None = None) -> int:
     for peer, path in paths.items():
         try:
             if peer.startswith("dayzero"):
-                builds[peer] = build_dayzero(folder, path, positions, peer.endswith("int4"),
-                                             args.reuse_builds)
+                group = next((g for g in groups if peer == int4_peer(g)), None)
+                builds[peer] = build_dayzero(folder, path, positions, group, args.reuse_builds)
             elif peer.startswith("genai"):
                 builds[peer] = build_genai(folder, path, peer.split("-")[1])
         except Exception as exc:  # a peer that cannot build is reported, not fatal
@@ -412,8 +473,9 @@ def main(argv: list[str] | None = None) -> int:
     main_rows = {peer: measure(peer, path, args.prompt, args.new, 1)
                  for peer, path in usable.items()}
     print(_table([r if isinstance(r, Result) else (k, r) for k, r in main_rows.items()]))
-    for precision, ours, peers, factor in (("fp32", "dayzero", ("transformers", "genai-fp32"),
-                                            0.9), ("int4", "dayzero-int4", ("genai-int4",), 0.9)):
+    targets = [("fp32", "dayzero", ("transformers", "genai-fp32"), 0.9, "")] + [
+        ("int4", int4_peer(g), ("genai-int4",), 0.9, int4_config(g)) for g in groups]
+    for precision, ours, peers, factor, label in targets:
         mine = main_rows.get(ours)
         theirs = [main_rows[p] for p in peers if isinstance(main_rows.get(p), Result)]
         if not isinstance(mine, Result) or not theirs:
@@ -421,11 +483,15 @@ def main(argv: list[str] | None = None) -> int:
         best_decode = min(r.decode_ms for r in theirs)
         best_ttft = min(r.ttft_ms for r in theirs)
         floor = floor_decode / (8 if precision == "int4" else 1)
-        print(f"{precision}:")
+        print(f"{precision}:" if ours == "dayzero" else f"{ours} ({label}):")
         print(ratio_line("decode ms/token", mine.decode_ms, best_decode, floor, factor,
                          1.1 if precision == "fp32" else 0))
         if precision == "fp32":
             print(ratio_line("TTFT", mine.ttft_ms, best_ttft, floor_ttft, 0.9, 1.2))
+    if groups:
+        print_logit_errors(folder, {k: v for k, v in usable.items() if "int4" in k}, args.prompt)
+    if "fp32" not in precisions:
+        return 0
     if isinstance(main_rows.get("dayzero"), Result):
         batch8 = measure("dayzero", paths["dayzero"], args.prompt, args.new, 8)
         if isinstance(batch8, Result):

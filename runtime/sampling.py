@@ -57,7 +57,7 @@ def next_tokens(logits: np.ndarray, params: SamplingParams,
     if logits.ndim != 2 or logits.shape[1] == 0:
         raise InputError(f"logits of shape {list(logits.shape)}, not [batch, vocab]", "logits",
                          "pass the last position's logits of each sequence")
-    bad = np.isnan(logits).any(axis=1)
+    bad = np.isnan(logits.max(axis=1))  # max propagates NaN: one pass, no mask array
     if bad.any():
         raise InputError(f"the logits of sequence {int(np.argmax(bad))} contain NaN", "logits",
                          "the model produced NaN (check its inputs and weights: `dayzero align`)")

@@ -24,6 +24,8 @@ def is_torch_tensor(x: Any) -> bool:
 
 def to_numpy(x: Any) -> np.ndarray:
     """`x` as a numpy array (no copy when it is already one or a CPU tensor numpy can share)."""
+    if type(x) is np.ndarray:  # the common case, on every step of a generation loop
+        return x
     if not is_torch_tensor(x):
         return np.asarray(x)
     t = x.detach()

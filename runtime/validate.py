@@ -74,14 +74,20 @@ def validate_inputs(specs: Sequence[TensorSpec], arrays: Sequence[np.ndarray],
 
 
 def _check_dtype(spec: TensorSpec, array: np.ndarray) -> None:
-    try:
-        got = DType.from_numpy(array.dtype).value
-    except TypeError:
-        got = str(array.dtype)
+    got = _ir_dtype_names.get(array.dtype)
+    if got is None:
+        try:
+            got = DType.from_numpy(array.dtype).value
+        except TypeError:
+            got = str(array.dtype)
+        _ir_dtype_names[array.dtype] = got
     if got != spec.dtype:
         raise InputError(f"input '{spec.name}' has dtype {got} but the model expects {spec.dtype}",
                          f"input '{spec.name}'",
                          f"convert it, e.g. x.astype({_numpy_name(spec.dtype)})")
+
+
+_ir_dtype_names: dict[np.dtype, str] = {}  # numpy dtype -> IR dtype name (memo: per step)
 
 
 def _check_rank(spec: TensorSpec, array: np.ndarray) -> None:
@@ -186,9 +192,14 @@ def check_output_shapes(specs: Sequence[TensorSpec], outputs: Sequence[np.ndarra
     """Every output's shape against its spec, with the symbols bound by the inputs. Cheap
     (a few integer evaluations per call) and always on: a lowering that returned a (1, 0, 4)
     tensor for f32[1, s0, 4] once went unnoticed."""
+    known: dict[tuple, tuple] = {}  # spec shape -> expected: a step's K/V outputs share one
     for spec, out in zip(specs, outputs):
-        expected = _expected_shape(spec, values)
+        expected = known.get(spec.shape)
+        if expected is None:
+            expected = known[spec.shape] = tuple(_expected_shape(spec, values))
         got = tuple(int(d) for d in np.shape(out))
+        if expected == got:  # the common case: every dim known and equal
+            continue
         if len(got) != len(spec.shape) or any(
                 e is not None and e != g for e, g in zip(expected, got)):
             shown = ", ".join("?" if e is None else str(e) for e in expected)

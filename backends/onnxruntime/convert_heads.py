@@ -150,7 +150,7 @@ def _prompt_operands(b: Builder, node: Node, x: list) -> tuple[list, dict]:
     if cos is not None:
         caches = [_half_cache(b, table, name, seq, size)
                   for table, name in ((node.inputs[3], cos), (node.inputs[4], sin))]
-    packed = _packed_source(b, node)
+    packed = packed_source(b, node)
     if packed is not None:  # q, k, v are consecutive slices of one projection: read it whole
         q, k, v = packed, None, None
     scale = node.attrs["scale"]
@@ -203,10 +203,10 @@ def _lengths(b: Builder, batch, seq) -> tuple[str, str]:
     return total, seqlens
 
 
-def _packed_source(b: Builder, node: Node) -> str | None:
+def packed_source(b: Builder, node: Node) -> str | None:
     """The ONNX name of the merged QKV projection when q, k and v are its [q | k | v] slices
-    along the last dim in that order, covering it exactly (GQA then takes it packed and no
-    Split runs); None otherwise."""
+    along the last dim in that order, covering it exactly (GQA and dayzero's PagedAttention then
+    take it packed and no Split runs); None otherwise."""
     slices = [v.producer for v in node.inputs[:3]]
     if any(s is None or s.op != "slice" for s in slices):
         return None

@@ -19,6 +19,7 @@ from compiler.ir import DType, Node
 from compiler.ir.symbolic import equal
 
 from .builder import Builder
+from .convert_heads import packed_source
 from .native_ops import DOMAIN as NATIVE_DOMAIN
 
 # What ai.dayzero.PagedAttention accepts: native/paged_attention.h's kPagedMaxHeadSize and
@@ -66,13 +67,17 @@ def paged_fits(node: Node) -> str | None:
 
 def paged_attention(b: Builder, node: Node, x: list) -> list:
     """ai.dayzero.PagedAttention: the op's operands, tables as [tokens, head_size], every
-    attribute explicit (0 for no window and no softcap)."""
+    attribute explicit (0 for no window and no softcap); q, k and v cut from one merged
+    projection (equal key and value widths) go in packed, as the projection itself."""
     q, k, v, cos, sin, *rest = x
     query = node.inputs[0]
     size = query.shape[-1] // node.attrs["num_heads"]
     if cos is not None and node.inputs[3].type.rank != 2:
         shape = b.dims([query.shape[1], size])
         cos, sin = (b.op1("Reshape", [t, shape]) for t in (cos, sin))
+    packed = packed_source(b, node)
+    if packed is not None and node.inputs[1].shape[-1] == node.inputs[2].shape[-1]:
+        q, k, v = packed, None, None  # [q | k | v] of one projection, read in place
     scale = node.attrs["scale"]
     return b.op("PagedAttention", [q, k, v, cos, sin, *rest], 3, domain=NATIVE_DOMAIN,
                 num_heads=node.attrs["num_heads"], kv_num_heads=node.attrs["kv_num_heads"],

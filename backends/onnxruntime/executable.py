@@ -56,6 +56,8 @@ def _numpy_dtype(name: str) -> np.dtype:
 
 def _array(x: Any) -> np.ndarray:
     """A contiguous numpy view of a numpy array or a CPU torch tensor (without importing torch)."""
+    if type(x) is np.ndarray and x.flags.c_contiguous:  # every step's inputs: nothing to do
+        return x
     if hasattr(x, "detach") and hasattr(x, "numpy"):
         x = x.detach().cpu().numpy()
     return np.asarray(x, order="C")  # not ascontiguousarray: it makes a 0-d input [1]

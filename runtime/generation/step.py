@@ -42,33 +42,45 @@ class StepInputs:
 
 
 def build_step(parts: Sequence[StepPart], block_size: int) -> StepInputs:
-    """The index inputs of a step packing `parts` in order (see the module docstring)."""
+    """The index inputs of a step packing `parts` in order (see the module docstring).
+
+    Runs before every step of a generation loop, so it makes one slot array per part (the
+    cached keys' slots and the new tokens' are one range of its block table) and fills
+    preallocated arrays rather than concatenating per-part pieces."""
     counts = [len(p.tokens) for p in parts]
-    longest = max(p.start + n for p, n in zip(parts, counts))
-    first = np.cumsum([0, *counts[:-1]])
-    positions = np.concatenate([np.arange(p.start, p.start + n) for p, n in zip(parts, counts)])
-    token_seq = np.repeat(np.arange(len(parts)), counts)
-    seq_slots = np.full((len(parts), longest), PADDING, np.int64)
-    for row, (part, n, t0) in enumerate(zip(parts, counts, first)):
-        seq_slots[row, :part.start] = _slots(part.table, 0, part.start, block_size)
-        seq_slots[row, part.start:part.start + n] = NEW_TOKEN - np.arange(t0, t0 + n)
-    write = np.concatenate([_slots(p.table, p.start, n, block_size)
-                            for p, n in zip(parts, counts)])
+    total = sum(counts)
+    seq_slots = np.full((len(parts), max(p.start + n for p, n in zip(parts, counts))),
+                        PADDING, np.int64)
+    positions, token_seq, write = (np.empty(total, np.int64) for _ in range(3))
+    input_ids = np.empty((1, total), np.int64)
+    first = []
+    t0 = 0
+    for row, (part, n) in enumerate(zip(parts, counts)):
+        start, end = part.start, part.start + n
+        slots = _slots(part.table, end, block_size)
+        seq_slots[row, :start] = slots[:start]
+        seq_slots[row, start:end] = np.arange(NEW_TOKEN - t0, NEW_TOKEN - t0 - n, -1)
+        positions[t0:t0 + n] = np.arange(start, end)
+        token_seq[t0:t0 + n] = row
+        write[t0:t0 + n] = slots[start:]
+        input_ids[0, t0:t0 + n] = part.tokens
+        first.append(t0)
+        t0 += n
     # at least one row: the graph's logits dim is a size symbol >= 1 (a prompt's first chunks
     # want none; the caller drops rows it did not ask for)
     wanted = [i for i, p in enumerate(parts) if p.logits] or [len(parts) - 1]
     feeds = {
-        "input_ids": np.concatenate([np.asarray(p.tokens, np.int64) for p in parts])[None],
-        "positions": positions.astype(np.int64),
+        "input_ids": input_ids,
+        "positions": positions,
         "seq_slots": seq_slots,
-        "token_seq": token_seq.astype(np.int64),
-        "token_len": (positions + 1).astype(np.int64),
+        "token_seq": token_seq,
+        "token_len": positions + 1,
         "logit_indices": np.asarray([first[i] + counts[i] - 1 for i in wanted], np.int64),
     }
     return StepInputs(feeds, write, wanted)
 
 
-def _slots(table: Sequence[int], start: int, count: int, block_size: int) -> np.ndarray:
-    positions = np.arange(start, start + count)
-    blocks = np.asarray(table, np.int64)[positions // block_size]
-    return blocks * block_size + positions % block_size
+def _slots(table: Sequence[int], count: int, block_size: int) -> np.ndarray:
+    """The pool slots of positions 0 .. count - 1 under block table `table`."""
+    blocks = np.asarray(table[:-(-count // block_size)], np.int64)
+    return (blocks[:, None] * block_size + np.arange(block_size)).reshape(-1)[:count]

@@ -61,3 +61,20 @@ def test_decode_reads_every_matrix_but_one_embedding_row(bench, tmp_path):
     read, params = bench.weight_bytes(tmp_path)
     assert read == (8 + 16 * 8 + 8 + 100 * 8) * 4
     assert params == 16 * 8  # lm_head: only the last prompt token goes through it
+
+
+def test_int4_rows_name_their_block_size_and_print_their_config(bench):
+    assert bench.int4_peer(32) == "dayzero-int4" and bench.int4_peer(128) == "dayzero-int4-g128"
+    assert bench.int4_config(64) == "quantize: {weights: int4, group_size: 64, activations: int8}"
+
+
+def test_logit_error_figures():
+    import numpy as np
+
+    with benchmark_script("logit_error") as errors:
+        ref = np.array([[3.0, 4.0, 0.0], [0.0, 0.0, 1.0]])
+        got = np.array([[3.0, 4.0, 1.0], [0.0, 2.0, 1.0]])  # error norm sqrt(5), ref norm sqrt(26)
+        e = errors.error_figures(ref, got)
+        assert e["rel_rms"] == np.sqrt(5 / 26) and e["max_abs"] == 2.0 and e["top1"] == 0.5
+        got[0, 0] = np.nan
+        assert np.isnan(errors.error_figures(ref, got)["rel_rms"])

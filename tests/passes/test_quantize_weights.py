@@ -66,9 +66,11 @@ in_features=64, activations="float"}
 
 @pytest.mark.parametrize("bits", [4, 8])
 def test_codes_are_within_half_a_step_and_packed_low_nibble_first(bits):
-    w = torch.randn(5, 64)
+    w = torch.randn(5, 64, generator=torch.Generator().manual_seed(0))
+    w[0, 3], w[1, 40] = 9.0, -9.0   # a positive and a negative extreme
+    w[0, 7] = -8.9                  # beyond the top code on the other side: clamps
     codes, scales = quantize(w, bits, 32)
-    top = 2 ** (bits - 1)
+    half = 2 ** (bits - 1)
     if bits == 4:
         assert codes.shape == (5, 2, 16)
         unpacked = torch.stack([codes & 15, codes >> 4], dim=-1).reshape(5, 2, 32)
@@ -76,9 +78,23 @@ def test_codes_are_within_half_a_step_and_packed_low_nibble_first(bits):
         assert codes.shape == (5, 2, 32)
         unpacked = codes
     step = scales.reshape(5, 2, 1)
-    dequantized = ((unpacked.float() - top) * step).reshape(5, 64)
-    assert (dequantized - w).abs().le(step.repeat_interleave(32, 1).reshape(5, 64) / 2 + 1e-7).all()
-    assert torch.equal(scales.reshape(5, 2), w.reshape(5, 2, 32).abs().amax(-1) / (top - 1))
+    blocks = w.reshape(5, 2, 32)
+    extreme = blocks.gather(-1, blocks.abs().argmax(-1, keepdim=True))
+    assert torch.equal(step, extreme / -half)  # the extreme maps to code 0 (-half), exactly
+    assert scales[0] == -9.0 / half and scales[3] == 9.0 / half
+    assert unpacked[0, 0, 3] == 0 and unpacked[1, 1, 8] == 0
+    dequantized = (unpacked.float() - half) * step
+    error = (dequantized - blocks).abs()
+    clamped = (blocks / step).round() > half - 1
+    assert clamped[0, 0, 7] == (bits == 4)  # -8.9 / (9 / 8) rounds to 8, past the top code 7
+    assert error[~clamped].le(step.abs().expand(5, 2, 32)[~clamped] / 2 + 1e-6).all()
+    assert error[clamped].le(step.abs().expand(5, 2, 32)[clamped] + 1e-6).all()
+
+
+def test_blocks_of_zeros_get_scale_one_and_the_middle_code():
+    codes, scales = quantize(torch.zeros(2, 32), 4, 32)
+    assert torch.equal(scales, torch.ones(2)) and torch.equal(codes, torch.full((2, 1, 16), 0x88,
+                                                                              dtype=torch.uint8))
 
 
 @pytest.mark.parametrize("bits", [4, 8])

@@ -433,6 +433,15 @@ float ExpWeights(bool vectorized, float* s, int64_t n, float peak) {
   return sum;
 }
 
+// Row strides of q, k and v (0: the row width, tensors of their own).
+int64_t QStride(const PagedProblem& p) {
+  return p.q_stride ? p.q_stride : p.num_heads * p.head_size;
+}
+int64_t KStride(const PagedProblem& p) {
+  return p.k_stride ? p.k_stride : p.kv_heads * p.head_size;
+}
+int64_t VStride(const PagedProblem& p) { return p.v_stride ? p.v_stride : p.kv_heads * p.v_size; }
+
 // Phase 1: token t's rotated keys and its values, in the pool's [kv_heads, size] row layout.
 void NewKeysAndValues(void* data, size_t index) noexcept {
   const PagedProblem& p = *static_cast<Shared*>(data)->p;
@@ -440,10 +449,10 @@ void NewKeysAndValues(void* data, size_t index) noexcept {
   const float* c = p.cos ? p.cos + t * p.head_size : nullptr;
   const float* s = p.sin ? p.sin + t * p.head_size : nullptr;
   for (int64_t g = 0; g < p.kv_heads; ++g) {
-    RotateHead(p.k + (t * p.kv_heads + g) * p.head_size, c, s, p.head_size,
+    RotateHead(p.k + t * KStride(p) + g * p.head_size, c, s, p.head_size,
                p.new_k + (t * p.kv_heads + g) * p.head_size);
   }
-  const float* v = p.v + t * p.kv_heads * p.v_size;
+  const float* v = p.v + t * VStride(p);
   std::copy(v, v + p.kv_heads * p.v_size, p.new_v + t * p.kv_heads * p.v_size);
 }
 
@@ -499,10 +508,15 @@ inline int64_t TokenBlocks(const PagedProblem& p) {
   return (p.tokens + kTokenTile - 1) / kTokenTile;
 }
 
-// Kv heads per task: as many as keep its rows within kTaskRows.
+// Kv heads per task: as many as keep its rows within kTaskRows; but one when that leaves
+// fewer than kMinTasks tasks (a decode step: every kv head in one task ran the whole
+// attention on one thread while the others waited), so that the threads share it.
 inline int64_t KvTile(const PagedProblem& p) {
   const int64_t heads = std::min(kHeadTile, p.num_heads / p.kv_heads);
-  return std::min({p.kv_heads, kKvTile, std::max<int64_t>(1, kTaskRows / (kTokenTile * heads))});
+  const int64_t widest =
+      std::min({p.kv_heads, kKvTile, std::max<int64_t>(1, kTaskRows / (kTokenTile * heads))});
+  const int64_t blocks = (p.kv_heads + widest - 1) / widest;
+  return TokenBlocks(p) * Tiles(p) * blocks < kMinTasks ? 1 : widest;
 }
 
 // Rows of one kv head in a task.
@@ -585,7 +599,7 @@ void StartRows(const PagedProblem& p, int64_t t0, int64_t t1, int64_t heads, KvR
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t r = (t - t0) * heads + h;
       float* q = view.rows.q(r);
-      RotateHead(p.q + (t * p.num_heads + view.first + h) * size, c, s, size, q);
+      RotateHead(p.q + t * QStride(p) + (view.first + h) * size, c, s, size, q);
       std::fill(q + size, q + size + p.v_size, 0.0f);
       view.rows.peak[r] = kNegInf;
       view.rows.sum[r] = 0.0f;
@@ -787,6 +801,10 @@ const char* PagedAttentionCheck(const PagedProblem& p) {
   if (p.cos && p.head_size % 2) return "rotary needs an even head size";
   if (p.cos && p.cos_rows < p.tokens) return "the rotary tables have fewer rows than tokens";
   if (p.window < 0) return "window must be positive (0: none)";
+  if (p.q_stride < 0 || (p.q_stride && p.q_stride < p.num_heads * p.head_size) ||
+      p.k_stride < 0 || (p.k_stride && p.k_stride < p.kv_heads * p.head_size) ||
+      p.v_stride < 0 || (p.v_stride && p.v_stride < p.kv_heads * p.v_size))
+    return "a row stride of q, k or v is shorter than its row";
   if (!std::isfinite(p.scale) || !std::isfinite(p.softcap))
     return "scale and softcap must be finite";
   return nullptr;

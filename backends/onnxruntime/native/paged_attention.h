@@ -26,9 +26,13 @@ constexpr int64_t kPagedMaxHeads = 1024;     // num_heads (and so kv_num_heads)
 struct PagedProblem {
   int64_t tokens, num_heads, kv_heads, head_size, v_size;
   int64_t pool_slots, sequences, length;  // P, N and L
-  const float* q;        // [tokens, num_heads * head_size]
-  const float* k;        // [tokens, kv_heads * head_size]
-  const float* v;        // [tokens, kv_heads * v_size]
+  const float* q;        // [tokens, num_heads * head_size], rows q_stride floats apart
+  const float* k;        // [tokens, kv_heads * head_size], rows k_stride apart
+  const float* v;        // [tokens, kv_heads * v_size], rows v_stride apart
+  // Floats from one token's row to the next: the row widths above for separate tensors, the
+  // packed width when q, k and v are the [q | k | v] columns of one projection's output (no
+  // Split runs before the kernel). 0 stands for the row width.
+  int64_t q_stride, k_stride, v_stride;
   // Rotary tables [cos_rows, head_size] (null: no rotary): row t rotates token t's q and new k,
   // full width, rotate_half convention: x * cos + concat(-x2, x1) * sin.
   const float* cos;

@@ -4,6 +4,8 @@
 //     -> output, new_k, new_v
 //   q [1, T, num_heads * head_size], k [1, T, kv_num_heads * head_size],
 //   v [1, T, kv_num_heads * v_size];
+//   or packed: k and v absent, q [1, T, (num_heads + 2 * kv_num_heads) * head_size] holding
+//   [q | k | v] per token (a merged QKV projection's output, read in place: no Split);
 //   cos, sin [rows >= T, head_size]: row t rotates token t's q and k (full width, rotate_half);
 //   k_cache [P, kv_num_heads, head_size], v_cache [P, kv_num_heads, v_size] (float32);
 //   seq_slots [N, L], token_seq [T], token_len [T] (int64): see compiler/ir/ops/paged.py;
@@ -138,18 +140,23 @@ ort::Status* Describe(const Kernel& k, const Tensor in[kInputs], PagedProblem* p
   const ort::Api* api = k.api;
   const Tensor &q = in[0], &key = in[1], &value = in[2], &cos = in[3], &sin = in[4];
   const Tensor &k_cache = in[5], &v_cache = in[6], &slots = in[7], &seq = in[8], &len = in[9];
-  for (size_t i : {0, 1, 2, 5, 6, 7, 8, 9}) {
+  for (size_t i : {0, 5, 6, 7, 8, 9}) {
     if (in[i].data == nullptr) return Error(api, "input " + std::to_string(i) + " is required");
   }
-  if (q.rank != 3 || q.dims[0] != 1 || q.dims[2] % k.num_heads)
-    return Error(api, "q must be [1, tokens, num_heads * head_size]");
-  const int64_t tokens = q.dims[1], size = q.dims[2] / k.num_heads;
-  if (!Is(key, {1, tokens, k.kv_heads * size}))
+  const bool packed = key.data == nullptr;
+  if (packed != (value.data == nullptr)) return Error(api, "k and v come together");
+  const int64_t width = packed ? k.num_heads + 2 * k.kv_heads : k.num_heads;
+  if (q.rank != 3 || q.dims[0] != 1 || q.dims[2] % width)
+    return Error(api, packed ? "a packed q must be [1, tokens, (num_heads + 2 * kv_num_heads)"
+                               " * head_size]"
+                             : "q must be [1, tokens, num_heads * head_size]");
+  const int64_t tokens = q.dims[1], size = q.dims[2] / width;
+  if (!packed && !Is(key, {1, tokens, k.kv_heads * size}))
     return Error(api, "k must be [1, tokens, kv_num_heads * head_size] like q");
-  if (value.rank != 3 || value.dims[0] != 1 || value.dims[1] != tokens ||
-      value.dims[2] % k.kv_heads)
+  if (!packed && (value.rank != 3 || value.dims[0] != 1 || value.dims[1] != tokens ||
+                  value.dims[2] % k.kv_heads))
     return Error(api, "v must be [1, tokens, kv_num_heads * v_size]");
-  const int64_t v_size = value.dims[2] / k.kv_heads;
+  const int64_t v_size = packed ? size : value.dims[2] / k.kv_heads;
   if ((cos.data == nullptr) != (sin.data == nullptr))
     return Error(api, "cos and sin come together");
   if (cos.data && (cos.rank != 2 || cos.dims[1] != size || !Is(sin, {cos.dims[0], size})))
@@ -170,8 +177,9 @@ ort::Status* Describe(const Kernel& k, const Tensor in[kInputs], PagedProblem* p
   p->sequences = slots.dims[0];
   p->length = slots.dims[1];
   p->q = q.f();
-  p->k = key.f();
-  p->v = value.f();
+  p->k = packed ? q.f() + k.num_heads * size : key.f();
+  p->v = packed ? q.f() + (k.num_heads + k.kv_heads) * size : value.f();
+  if (packed) p->q_stride = p->k_stride = p->v_stride = q.dims[2];
   p->cos = cos.f();
   p->sin = sin.f();
   p->cos_rows = cos.data ? cos.dims[0] : 0;
@@ -255,7 +263,7 @@ ort::CustomOp MakePagedAttention() {
   op.GetOutputTypeCount = [](const ort::CustomOp*) { return size_t{3}; };
   op.KernelDestroy = [](void* kernel) { delete static_cast<Kernel*>(kernel); };
   op.GetInputCharacteristic = [](const ort::CustomOp*, size_t index) {
-    return index == 3 || index == 4 ? ort::kOptional : ort::kRequired;
+    return index >= 1 && index <= 4 ? ort::kOptional : ort::kRequired;
   };
   op.GetOutputCharacteristic = [](const ort::CustomOp*, size_t) { return ort::kRequired; };
   op.GetInputMemoryType = [](const ort::CustomOp*, size_t) { return ort::kMemTypeDefault; };
