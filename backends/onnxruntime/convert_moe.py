@@ -1,19 +1,32 @@
 """The fused `moe` op on com.microsoft.MoE: ONNX Runtime's routed expert kernel, which computes
 only each token's top-k experts.
 
-It routes by a softmax over the logits, then the top k, optionally renormalised: the IR's
-`softmax_topk` (normalize either way), and `topk_softmax` too (a softmax over the k largest
+The kernel routes by a softmax over the logits, then the top k, optionally renormalised: the
+IR's `softmax_topk` (normalize either way), and `topk_softmax` too (a softmax over the k largest
 logits is the renormalised top-k of the full softmax). Its CPU kernel takes SwiGLU experts with
 interleaved gate/up rows (swiglu_fusion=1): `gate * sigmoid(alpha * gate) * (up + beta)`, with
 alpha 1 and beta 0 exactly silu(gate) * up, and no clamp (swiglu_limit infinite). The weights
 are the IR's in_out stacks, rearranged by Reshape/Transpose on the initializers, which ONNX
-Runtime folds when the session loads. Other routings (sigmoid, a score bias, a scale) and other
-activations run the op's decomposition.
+Runtime folds when the session loads.
+
+Every other routing (sigmoid scores, DeepSeek's score bias and group-limited choice, a scale,
+a normalisation epsilon) still runs on the kernel: the routing weights w [tokens, k] and expert
+ids are computed in standard ops (the op's own `route`), and the kernel gets the logits log(w)
+at the chosen experts and -inf elsewhere. Its softmax over those is w / sum(w) on exactly the
+chosen experts, so its output times sum(w) (times the scale) is the routed sum. A weight of 0
+enters as the smallest normal float (its expert's share is then below float resolution, and a
+token whose weights are all 0 gets sum(w) = 0, a zero output as in eager). The shared expert
+is a dense gated MLP beside the kernel (lowered as `gated_mlp`), added to its output: every
+token runs it, so there is nothing to route. Other activations run the op's decomposition.
 """
 
 from __future__ import annotations
 
-from compiler.ir import Node
+import numpy as np
+
+from compiler.ir import DType, Graph, Node, get_op
+from compiler.ir.ops.fused import Emitter
+from compiler.ir.ops.moe import padded, route, shared_expert
 
 from .builder import Builder
 from .convert_elementwise import in_dtype
@@ -22,16 +35,18 @@ MS = "com.microsoft"
 
 
 def moe_fits(node: Node) -> str | None:
-    a = node.attrs
     if in_dtype(node).value != "f32":
         return "com.microsoft.MoE's CPU kernel is float32 only"
-    if a["routing"] not in ("softmax_topk", "topk_softmax"):
-        return f"com.microsoft.MoE routes by softmax, not {a['routing']}"
-    if node.inputs[6] is not None or a["scale"] != 1.0 or a["normalize_eps"]:
-        return "com.microsoft.MoE has no score bias, routed scale or normalisation epsilon"
-    if a["activation"] != "silu":
+    if node.attrs["activation"] != "silu":
         return "com.microsoft.MoE's CPU kernel runs SwiGLU experts only"
     return None
+
+
+def _kernel_routes(node: Node) -> bool:
+    """The kernel's own softmax-top-k routing is the node's."""
+    a = node.attrs
+    return (a["routing"] in ("softmax_topk", "topk_softmax") and padded(node.inputs)[6] is None
+            and a["scale"] == 1.0 and not a["normalize_eps"] and a.get("n_group", 1) == 1)
 
 
 def _interleaved(b: Builder, name: str, experts: int, inter: int, lead: list[int]) -> str:
@@ -44,6 +59,48 @@ def _interleaved(b: Builder, name: str, experts: int, inter: int, lead: list[int
 
 
 def moe(b: Builder, node: Node, x: list) -> list:
+    if _kernel_routes(node) and all(v is None for v in padded(node.inputs)[7:]):
+        return _routed(b, node, x)
+    return _expanded(b, node, x)
+
+
+def _expanded(b: Builder, node: Node, x: list) -> list:
+    """Routing (when the kernel's is not the node's) and the shared expert in IR ops around a
+    kernel-routed `moe`, lowered node by node."""
+    from .op_table import lower_node  # the table this converter is an entry of
+
+    inputs = padded(list(node.inputs))
+    attrs = get_op("moe").complete_attrs({k: v for k, v in node.attrs.items()
+                                          if k in get_op("moe").attrs})
+    e = Emitter(Graph("moe_on_kernel"))
+    plain = {k: attrs[k] for k in ("top_k", "routing", "normalize", "activation")}
+    xv, logits = inputs[0], inputs[1]
+    total = None
+    if not _kernel_routes(node):
+        weights, ids = route(e, logits, inputs[6], {**attrs, "scale": 1.0})
+        tiny = e.const(float(np.finfo(np.float32).tiny), DType.f32)
+        empty = e.op("full", shape=list(logits.shape), value=float("-inf"), dtype=DType.f32)
+        logits = e.op("scatter", empty, ids, e.op("log", e.op("maximum", weights, tiny)), dim=1)
+        total = e.op("sum", weights, dims=[-1], keepdim=True)
+        if attrs["scale"] != 1.0:
+            total = e.op("mul", total, e.const(attrs["scale"], DType.f32))
+        plain.update(routing="softmax_topk", normalize=False)
+    out = e.op("moe", xv, logits, *inputs[2:6], None, **plain)
+    if total is not None:
+        out = e.op("mul", out, total)
+    shared = shared_expert(e, xv, inputs[7:], attrs["activation"])
+    if shared is not None:
+        out = e.op("add", out, shared)
+    env = {id(v): name for v, name in zip(inputs, padded(list(x))) if v is not None}
+    for inner in e.created:
+        outs = (_routed(b, inner, [None if v is None else env[id(v)] for v in inner.inputs])
+                if inner.op == "moe" else
+                lower_node(b, inner, [None if v is None else env[id(v)] for v in inner.inputs])[0])
+        env.update((id(v), name) for v, name in zip(inner.outputs, outs))
+    return [env[id(out)]]
+
+
+def _routed(b: Builder, node: Node, x: list) -> list:
     a = node.attrs
     experts, hidden, two_inter = node.inputs[2].type.shape
     inter = two_inter // 2
