@@ -24,6 +24,7 @@ import runtime
 from compiler.hf_models import wrap_pretrained
 from compiler.ir import parse_ir
 from tests.numerics import assert_fp32_close
+from tests.sweeps import sweep
 
 TINY = dict(hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=4, vocab_size=128)
@@ -88,9 +89,19 @@ def _block_is_one_moe(model_type: str, out) -> None:
     assert not left, left
 
 
-@pytest.mark.parametrize("backend", ["onnxruntime", "reference"])
-@pytest.mark.parametrize("model_type", sorted(CONFIGS))
-def test_moe_block_is_one_op_and_matches_eager(model_type, backend, tmp_path):
+# Each case exports a 2-layer model (15-25 s of CPU): CI runs these two, `pytest --sweep` all
+ALWAYS = {"onnxruntime-deepseek_v3", "reference-qwen2_moe"}
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "case" in metafunc.fixturenames:
+        cases = [f"{backend}-{name}" for backend in ("onnxruntime", "reference")
+                 for name in sorted(CONFIGS)]
+        metafunc.parametrize("case", sweep(metafunc.config, cases, str, always=ALWAYS))
+
+
+def test_moe_block_is_one_op_and_matches_eager(case, tmp_path):
+    backend, model_type = case.split("-", 1)
     out = tmp_path / "m.dz"
     hf, model = _compile(model_type, backend, out)
     _block_is_one_moe(model_type, out)

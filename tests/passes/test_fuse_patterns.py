@@ -294,9 +294,13 @@ def _moe_variant(old: str, new: str) -> str:
 
 
 MOE_REFUSED = {
-    "sigmoid scores are not a softmax": (
-        _moe_variant("= softmax(%logits) {dim=-1}", "= sigmoid(%logits)"),
-        "the router's top-k scores are not a softmax over the experts"),
+    "tanh scores are neither softmax nor sigmoid": (
+        _moe_variant("= softmax(%logits) {dim=-1}", "= tanh(%logits)"),
+        "the router's top-k scores are not a softmax or a sigmoid over the experts"),
+    "weights divided by other than their sum": (
+        _moe_variant("= sum(%top_w) {dims=[-1], keepdim=true}",
+                     "= amax(%top_w) {dims=[-1], keepdim=true}"),
+        "the routing weights are divided by something other than their sum"),
     "histc counting another range": (
         _moe_variant("{bins=4, min=0.0, max=3.0}", "{bins=4, min=0.0, max=4.0}"),
         "histc {'bins': 4, 'min': 0.0, 'max': 4.0} does not count 4 experts"),
