@@ -63,6 +63,8 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], bool], Any]]] = {
         "tensor_parallel": (_positive_int, 1),
         "pipeline_parallel": (_positive_int, 1),
         "data_parallel": (_positive_int, 1),
+        # a mixture of experts' experts over the tensor-parallel ranks (or as many of its own)
+        "expert_parallel": (_positive_int, 1),
     },
     "precision": {
         "weight_dtype": (_one_of(*_DTYPES), "fp32"),

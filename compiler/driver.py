@@ -311,19 +311,23 @@ def _mesh_text(cfg: CompileConfig) -> str:
 
 def _default_pipeline(cfg: CompileConfig, target, default: str) -> str:
     """The config's `passes:`, else the backend's own pipeline (single device), else `default`.
-    Partitioned compiles keep `default`: tensor parallelism shards unmerged projections."""
+    Partitioned compiles keep `default`: tensor parallelism shards unmerged projections; with
+    expert parallelism it also fuses the MoE blocks (only those) into the `moe` ops it splits."""
     if cfg.passes:
         return ",".join(cfg.passes)
     if _world_size(cfg) == 1 and target.default_pipeline:
         return target.default_pipeline
+    if cfg.parallel.get("expert_parallel", 1) > 1:
+        from passes.parallel.shard_expert_parallel import with_moe_fusion
+
+        return with_moe_fusion(default)
     return default
 
 
 def _world_size(cfg: CompileConfig) -> int:
-    size = 1
-    for value in cfg.parallel.values():
-        size *= value
-    return size
+    from passes.parallel import Mesh
+
+    return Mesh.from_config(cfg.parallel).world_size
 
 
 def _write_partitioned(graph: Graph, out: Path, target, cfg: CompileConfig, pipeline: str, *,

@@ -5,7 +5,7 @@ section the runtime drives it with.
 dynamic sequence), runs the backend's pipeline, then `derive_generation_step`
 (passes/derive_generation_step.py) turns it into a packed, KV-cached step. The manifest's
 `generation` section records the exported forward's signature (so the artifact still answers
-`m(input_ids)`), each layer's cache geometry read from the step's `paged_attention` nodes, the
+`m(input_ids)`), each layer's cache geometry read from the step's paged attention nodes, the
 vocabulary, the longest sequence, the end-of-sequence ids and the `generation:` config.
 """
 
@@ -30,8 +30,8 @@ def check_task(task: str) -> None:
 
 def check_parallel(parallel: dict[str, int]) -> None:
     """A generation artifact may be tensor parallel (heads and KV cache split over ranks that
-    step together); data and pipeline parallelism have no generation runtime."""
-    for key in ("data_parallel", "pipeline_parallel"):
+    step together); data, pipeline and expert parallelism have no generation runtime."""
+    for key in ("data_parallel", "pipeline_parallel", "expert_parallel"):
         if parallel.get(key, 1) != 1:
             raise DayzeroError(f"config key 'parallel.{key}' = {parallel[key]}: a generation "
                                "artifact is split over ranks by tensor parallelism only",
@@ -81,11 +81,32 @@ def forward_signature(graph: Graph, spec) -> dict[str, Any]:
     return {"inputs": [spec(v) for v in graph.inputs], "outputs": [spec(v) for v in graph.outputs]}
 
 
+# the step's paged blocks and what their two pools hold (runtime/generation/spec.py)
+_PAGED_KINDS = {"paged_attention": "attention", "paged_latent_attention": "latent"}
+
+
+def _layer_cache(node) -> LayerCache:
+    """A paged block's pools per token: the widths of the rows it returns for them."""
+    key, value = node.outputs[1].shape, node.outputs[2].shape
+    return LayerCache(key[1], key[2], value[2], node.attrs["window"], _PAGED_KINDS[node.op])
+
+
+def _check_latent_parallel(blocks: list, ranks: int) -> None:
+    """The partitioner splits a step's caches by KV heads; a latent cache has none to split."""
+    latent = next((n for n in blocks if n.op == "paged_latent_attention"), None)
+    if latent is not None and ranks > 1:
+        raise DayzeroError(
+            f"latent attention %{latent.outputs[0].name} at {latent.loc or 'unknown location'} "
+            "caches one latent per token shared by every head, which tensor parallelism cannot "
+            "split by KV heads", "parallel.tensor_parallel",
+            "compile this model for generation without tensor_parallel")
+
+
 def generation_section(graph: Graph, forward: dict[str, Any], cfg: CompileConfig,
                        eos_token_ids: list[int], tokenizer: list[str]) -> dict[str, Any]:
-    layers = [LayerCache(n.attrs["kv_num_heads"], n.outputs[1].shape[-1],
-                         n.outputs[2].shape[-1], n.attrs["window"])
-              for n in graph.nodes if n.op == "paged_attention"]
+    blocks = [n for n in graph.nodes if n.op in _PAGED_KINDS]
+    _check_latent_parallel(blocks, cfg.parallel.get("tensor_parallel", 1))
+    layers = [_layer_cache(n) for n in blocks]
     tokens = graph.inputs[0].shape[1]
     vocab = graph.outputs[0].shape[-1]
     if not isinstance(vocab, int):

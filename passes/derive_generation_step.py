@@ -3,8 +3,9 @@
 torch.export traces what a user's model computes for a whole sequence (`input_ids` [1, S] ->
 logits [1, S, V], no cache). Generation needs a step that reads the keys and values of earlier
 tokens from a cache instead of recomputing them. After fusion every attention block of a decoder
-is one `multi_head_attention` with is_causal=true, and every other op treats tokens
-independently, so the step is that forward with three rewrites, whatever the architecture:
+is one `multi_head_attention` (or `latent_attention`) with is_causal=true, and every other op
+treats tokens independently, so the step is that forward with three rewrites, whatever the
+architecture:
 
 - **positions**: the sequence's `arange(0, S)` (rotary tables, absolute position embeddings
   read it) becomes the graph input `positions` [S]: token t of the step sits at position
@@ -13,7 +14,10 @@ independently, so the step is that forward with three rewrites, whatever the arc
   (`k_cache_<i>`, `v_cache_<i>` [kv_slots, kv_heads, head_size]) and the step's slot lists
   (`seq_slots`, `token_seq`, `token_len`); the block's window and softcap carry over; its new
   rotated keys and values become outputs (`key_<i>`, `value_<i>`) that the runtime writes into
-  the pool;
+  the pool; a `latent_attention` block (DeepSeek's MLA) becomes `paged_latent_attention`
+  instead, whose two pools hold each token's compressed latent and shared rotary key
+  (kv_lora_rank + rope_dim values, not the expanded per-head keys and values), its outputs the
+  step's latents and rotary keys;
 - **logits**: only the rows in `logit_indices` (each sequence's last token of the step) are
   computed: the row selection moves back through the row-wise tail of the graph (lm_head,
   final softcapping), so a prompt of 512 tokens pays the vocabulary projection once.
@@ -47,6 +51,8 @@ STEP_SEQUENCES = "step_seqs"   # size symbol: sequences in a step
 STEP_KEYS = "step_keys"        # size symbol: longest key list of a step's sequences
 STEP_LOGITS = "step_logits"    # size symbol: rows of logits a step returns
 _MAX_SLOTS = 1 << 40
+# the attention blocks a step pages: each reads [cached ; new] keys from its layer's two pools
+_PAGED = frozenset({"multi_head_attention", "latent_attention"})
 # ops a logits row selection moves through: each output row depends on the same input row only
 _ROW_WISE_KINDS = frozenset({"elementwise"})
 _ROW_WISE_OPS = frozenset({"linear", "fused_linear", "quantized_linear", "rms_norm",
@@ -57,9 +63,10 @@ _ROW_WISE_OPS = frozenset({"linear", "fused_linear", "quantized_linear", "rms_no
 @dataclass(frozen=True)
 class DeriveGenerationStep(Pass):
     """Needs a fused causal LM forward (`input_ids` [1, S] -> logits [1, S, V], every attention
-    one causal `multi_head_attention`); guarantees a step graph whose only token-mixing op is
-    `paged_attention`, with the cache and slot inputs and the new keys and values as outputs
-    (module docstring). Compiling for generation appends it to the pipeline."""
+    one causal `multi_head_attention` or `latent_attention`); guarantees a step graph whose only
+    token-mixing ops are `paged_attention` and `paged_latent_attention`, with the cache and
+    slot inputs and the new keys and values as outputs (module docstring). Compiling for
+    generation appends it to the pipeline."""
 
     name = "derive_generation_step"
     summary = ("a causal LM's forward as one packed, KV-cached generation step (positions, "
@@ -106,7 +113,7 @@ def _attention_blocks(graph: Graph, tokens) -> list[Node]:
     """Every attention block, each checked to be a causal one the step can page."""
     blocks = []
     for node in graph.nodes:
-        if node.op == "multi_head_attention":
+        if node.op in _PAGED:
             why = _unpageable(node, tokens)
             if why:
                 raise DayzeroError(f"attention {_where(node)} cannot read a KV cache: {why}",
@@ -128,14 +135,16 @@ def _attention_blocks(graph: Graph, tokens) -> list[Node]:
 
 
 def _unpageable(node: Node, tokens) -> str | None:
-    q, k, _, _, _, mask = node.inputs
+    # q, and the keys (a latent block's latent: one row per key), with their token axis
+    q, k, mask = node.inputs[0], node.inputs[1], node.inputs[-1]
     if not node.attrs.get("is_causal"):
         return "it is not causal" + (" (its mask was not proven causal: "
                                      "recognize_causal_masks says why with --report)"
                                      if mask is not None else "")
     if mask is not None:
         return "it has a mask besides causality (a padding mask input?)"
-    if not (equal(q.shape[1], tokens) and equal(k.shape[1], tokens)):
+    axis = 2 if node.op == "latent_attention" else 1
+    if not (equal(q.shape[axis], tokens) and equal(k.shape[axis], tokens)):
         return f"its queries {q.type} and keys {k.type} are not the sequence's tokens"
     return None
 
@@ -169,6 +178,9 @@ def _page_attention(graph: Graph, blocks: list[Node], tokens, int8: bool) -> Non
               graph.add_input("token_seq", TensorType(DType.i64, (tokens,))),
               graph.add_input("token_len", TensorType(DType.i64, (tokens,)))]
     for layer, node in enumerate(blocks):
+        if node.op == "latent_attention":
+            _page_latent(graph, node, layer, slots, shared, int8)
+            continue
         q, k, v, cos, sin, _ = node.inputs
         kv_heads = node.attrs["kv_num_heads"]
         size, v_size = k.shape[-1] // kv_heads, v.shape[-1] // kv_heads
@@ -186,10 +198,34 @@ def _page_attention(graph: Graph, blocks: list[Node], tokens, int8: bool) -> Non
                                loc=node.loc, before=node,
                                names=[node.outputs[0].name + "_paged", f"key_{layer}",
                                       f"value_{layer}"])
-        graph.replace_uses(node.outputs[0], paged.outputs[0])
-        graph.remove_nodes([node])
-        graph.outputs.extend(paged.outputs[1:])
-        graph.version += 1
+        _replace(graph, node, paged)
+
+
+def _page_latent(graph: Graph, node: Node, layer: int, slots, shared: list, int8: bool) -> None:
+    """latent_attention -> paged_latent_attention over the layer's pools of latents
+    (`k_cache_<i>` [slots, 1, kv_lora_rank]) and rotary keys (`v_cache_<i>` [slots, 1, dr])."""
+    q, latent, k_rope, weight, _ = node.inputs
+    caches = [graph.add_input(f"{name}_cache_{layer}",
+                              TensorType(DType.i8 if int8 else q.dtype, (slots, 1, width)))
+              for name, width in (("k", latent.shape[-1]), ("v", k_rope.shape[-1]))]
+    scales = [graph.add_input(f"{name}_scale_{layer}", TensorType(DType.f32, (slots, 1)))
+              for name in ("k", "v")] if int8 else []
+    attrs = {name: node.attrs.get(name) for name in ("num_heads", "nope_head_dim", "v_head_dim",
+                                                    "scale", "window", "softcap")}
+    paged = graph.add_node("paged_latent_attention",
+                           [q, latent, k_rope, weight, *caches, *shared, *scales], attrs,
+                           loc=node.loc, before=node,
+                           names=[node.outputs[0].name + "_paged", f"key_{layer}",
+                                  f"value_{layer}"])
+    _replace(graph, node, paged)
+
+
+def _replace(graph: Graph, block: Node, paged: Node) -> None:
+    """`paged` answers for `block`; its cache rows become outputs the runtime writes."""
+    graph.replace_uses(block.outputs[0], paged.outputs[0])
+    graph.remove_nodes([block])
+    graph.outputs.extend(paged.outputs[1:])
+    graph.version += 1
 
 
 def _select_logits(graph: Graph, max_tokens) -> None:

@@ -154,6 +154,19 @@ class TorchCommunicator:
         total = self.all_reduce(x, group)
         return total.chunk(len(group), dim=dim)[group.index(self.rank)].contiguous()
 
+    def all_to_all(self, x, send_counts, recv_counts, group):
+        """Rows with per-rank counts: gloo implements all_to_all_single with split sizes (the
+        expert dispatch and combine of `expert_parallel`, compiler/ir/ops/expert_comm.py)."""
+        import torch
+        import torch.distributed as dist
+
+        t = x.contiguous()
+        out = torch.empty((int(sum(recv_counts)), *t.shape[1:]), dtype=t.dtype)
+        self._guard("all_to_all", group, lambda: dist.all_to_all_single(
+            out, t, [int(c) for c in recv_counts], [int(c) for c in send_counts],
+            group=self.groups[group]))
+        return out
+
     def send(self, x, peer, tag):
         import torch.distributed as dist
 

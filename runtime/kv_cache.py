@@ -5,10 +5,12 @@ the pool, listed in its block table, so sequences of any length share one alloca
 from the config (`generation.kv_cache_memory`), nothing is copied when a sequence grows, and a
 finished sequence's blocks are free at once. `BlockAllocator` keeps the books (which block
 belongs to whom; which sequence to preempt when the pool runs dry: the newest, whose recompute
-costs least and which has waited least); `PagedKVCache` holds the data, one [blocks, block_size,
-kv_heads, head_size] array per layer for keys and one for values. With `dtype="int8"` each
-token's head is stored as int8 with a float32 scale (max |x| / 127), a quarter of fp32's bytes;
-int8 cannot hold NaN or Inf, so writing one is refused rather than silently clipped.
+costs least and which has waited least); `PagedKVCache` holds the data, two [blocks, block_size,
+heads, width] arrays per layer: keys and values of an attention layer, or, for DeepSeek's latent
+attention, the compressed latent and the shared rotary key (`LayerPools`; the step graph names
+them `k_cache_<i>` and `v_cache_<i>` alike). With `dtype="int8"` each token's head is stored as
+int8 with a float32 scale (max |x| / 127), a quarter of fp32's bytes; int8 cannot hold NaN or
+Inf, so writing one is refused rather than silently clipped.
 """
 
 from __future__ import annotations
@@ -29,30 +31,55 @@ class CacheFullError(DayzeroError):
 
 
 @dataclass(frozen=True)
+class LayerPools:
+    """One layer's two pools per token: [heads, key_width] and [heads, value_width] (latent
+    attention: heads 1, the latent's and the rotary key's widths)."""
+    heads: int
+    key_width: int
+    value_width: int
+
+
+@dataclass(frozen=True)
 class CacheLayout:
+    """The pool's geometry: `layers` layers of `kv_heads` heads of `head_size` for keys and
+    values alike, unless `pools` gives each layer its own shapes."""
     layers: int
     kv_heads: int
     head_size: int
     block_size: int = 16
     dtype: str = "f32"
+    pools: tuple[LayerPools, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("layers", "kv_heads", "head_size", "block_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise InputError(f"{name}={value!r} is not a positive integer",
-                                 f"generation.{name}", f"set {name} to an integer >= 1")
+            _positive(getattr(self, name), name)
+        for entry in self.pools:
+            for name in ("heads", "key_width", "value_width"):
+                _positive(getattr(entry, name), f"layers.{name}")
+        if self.pools and len(self.pools) != self.layers:
+            raise InputError(f"{len(self.pools)} layer pools for {self.layers} layers",
+                             "generation.layers", "give one entry per layer")
         if self.dtype not in _ITEMSIZE:
             raise InputError(f"kv cache dtype {self.dtype!r} is not one of "
                              f"{', '.join(_ITEMSIZE)}", "precision.kv_cache_dtype",
                              "use f32, f16 or int8")
 
     @property
+    def layer_pools(self) -> tuple[LayerPools, ...]:
+        return self.pools or (LayerPools(self.kv_heads, self.head_size, self.head_size),
+                              ) * self.layers
+
+    @property
+    def token_bytes(self) -> int:
+        """Bytes one token takes over every layer, both pools (int8: with its scales)."""
+        item, scale = _ITEMSIZE[self.dtype], 4 if self.dtype == "int8" else 0
+        return sum(p.heads * ((p.key_width + p.value_width) * item + 2 * scale)
+                   for p in self.layer_pools)
+
+    @property
     def block_bytes(self) -> int:
         """Bytes of one block over every layer, keys and values (int8: with its scales)."""
-        per_token_head = self.head_size * _ITEMSIZE[self.dtype] + (4 if self.dtype == "int8"
-                                                                    else 0)
-        return 2 * self.layers * self.block_size * self.kv_heads * per_token_head
+        return self.block_size * self.token_bytes
 
     def blocks_for(self, memory_bytes: int) -> int:
         """How many blocks `memory_bytes` holds; at least one, or an error saying how much one
@@ -114,20 +141,31 @@ class BlockAllocator:
         return self.num_blocks - len(self.free)
 
 
+def _positive(value, name: str) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise InputError(f"{name}={value!r} is not a positive integer",
+                         f"generation.{name}", f"set {name} to an integer >= 1")
+
+
 class PagedKVCache:
-    """The pool's data: keys and values per layer, addressed through a block table."""
+    """The pool's data: two pools per layer (keys and values, or latent and rotary key),
+    addressed through a block table."""
 
     def __init__(self, layout: CacheLayout, num_blocks: int):
         self.layout = layout
-        shape = (layout.layers, num_blocks, layout.block_size, layout.kv_heads, layout.head_size)
-        self.keys = np.zeros(shape, _NUMPY[layout.dtype])
-        self.values = np.zeros(shape, _NUMPY[layout.dtype])
-        self.scales = (np.zeros((2, *shape[:-1]), np.float32) if layout.dtype == "int8"
-                       else None)
+        self.dtype = np.dtype(_NUMPY[layout.dtype])
+        size = layout.block_size
+        # [layer][which] -> [blocks, block_size, heads, width]; int8 scales [.., heads]
+        self.data = [tuple(np.zeros((num_blocks, size, p.heads, width), self.dtype)
+                           for width in (p.key_width, p.value_width))
+                     for p in layout.layer_pools]
+        self.scales = ([tuple(np.zeros((num_blocks, size, p.heads), np.float32)
+                              for _ in range(2)) for p in layout.layer_pools]
+                       if layout.dtype == "int8" else None)
 
     def write(self, layer: int, table: list[int], start: int, keys: np.ndarray,
               values: np.ndarray) -> None:
-        """Store tokens start .. start + len(keys) - 1 ([tokens, kv_heads, head_size] each)."""
+        """Store tokens start .. start + len(keys) - 1 ([tokens, heads, width] each)."""
         blocks, offsets = self._slots(table, start, len(keys))
         self.store(layer, blocks * self.layout.block_size + offsets, keys, values, start)
 
@@ -152,23 +190,23 @@ class PagedKVCache:
             self.flat_scales(layer, which)[slots] = scale
 
     def flat(self, layer: int, which: int) -> np.ndarray:
-        """Layer `layer`'s keys (which 0) or values (1) as [slots, kv_heads, head_size], a view."""
-        store = (self.keys, self.values)[which][layer]
+        """Layer `layer`'s keys (which 0) or values (1) as [slots, heads, width], a view."""
+        store = self.data[layer][which]
         return store.reshape(-1, *store.shape[-2:])
 
     def flat_scales(self, layer: int, which: int) -> np.ndarray:
-        """The int8 scales of `flat(layer, which)` as [slots, kv_heads], a view."""
-        scales = self.scales[which, layer]
+        """The int8 scales of `flat(layer, which)` as [slots, heads], a view."""
+        scales = self.scales[layer][which]
         return scales.reshape(-1, scales.shape[-1])
 
     def read(self, layer: int, table: list[int], length: int) -> tuple[np.ndarray, np.ndarray]:
-        """Tokens 0 .. length - 1 as contiguous float32 [length, kv_heads, head_size] arrays."""
+        """Tokens 0 .. length - 1 as contiguous float32 [length, heads, width] arrays."""
         slots = self._slots(table, 0, length)
         out = []
-        for which, store in enumerate((self.keys, self.values)):
-            data = store[layer, slots[0], slots[1]].astype(np.float32)
+        for which, store in enumerate(self.data[layer]):
+            data = store[slots[0], slots[1]].astype(np.float32)
             if self.scales is not None:
-                data *= self.scales[which, layer, slots[0], slots[1]][..., None]
+                data *= self.scales[layer][which][slots[0], slots[1]][..., None]
             out.append(data)
         return out[0], out[1]
 

@@ -79,7 +79,10 @@ class RankExecutor:
                 env.update({id(v): r for v, r in zip(step.writes, results)})
             else:
                 node = step.node
-                env[id(node.outputs[0])] = _communicate(node, env, bindings)
+                results = _communicate(node, env, bindings)
+                if len(node.outputs) == 1:  # expert_dispatch returns three tensors
+                    results = (results,)
+                env.update({id(v): r for v, r in zip(node.outputs, results)})
         return [to_numpy(env[id(v)]) for v in self.graph.outputs]
 
 

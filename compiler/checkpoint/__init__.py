@@ -8,8 +8,10 @@
 
 Stages, one module each: `layout` (config.json, index, shard headers, all checked), `build`
 (the transformers model on the meta device, example token ids), `verify` (names, shapes and
-dtypes against the model, every mismatch in one error), `lazy` (handles that stream a tensor from
-its shard's mmap, chunk by chunk), `precision` (dtype conversion with overflow checks), `bind`
+dtypes against the model, every mismatch in one error), `conversion` (parameters transformers
+assembles on load, per-expert MoE tensors stacked, found with its own conversion mapping),
+`lazy` and `lazy_converted` (handles that stream a tensor from its shard's mmap, chunk by chunk,
+or a stack of them), `precision` (dtype conversion with overflow checks), `bind`
 (the exported graph's weights pointed at the handles; progress and summary of the write).
 transformers is imported only when a checkpoint is opened.
 """

@@ -56,18 +56,28 @@ class Checkpoint:
         bound, other = [], []
         for name, value in list(graph.weights.items()):
             record = self.binding.record_for(name)
+            group = self.binding.converted.get(name)
             if record is not None:
-                _check_type(value, record, name)
-                bound.append((record, value, self.reader.handle(record, value.type.dtype)))
+                _check_type(value, record.shape, name, f"{record.dtype}{list(record.shape)} in "
+                            f"{record.file}", f"tensor '{record.name}' in {record.file}")
+                bound.append((record, value, self.reader.handle(record, value.type.dtype),
+                              record.name))
+            elif group is not None:
+                first = group.records[0]
+                _check_type(value, group.outputs[name], name,
+                            f"{group.dtype}{list(group.outputs[name])} {group.describe()}",
+                            f"tensor '{first.name}' in {first.file}")
+                handle = group.handle(name, self.reader, value.type.dtype, self.binding.rules)
+                bound.append((first, value, handle, value.name))
             else:
                 other.append((value, self._computed(graph, name)))
         order = {f: i for i, f in enumerate(self.layout.files)}
         bound.sort(key=lambda item: (order[item[0].file], item[0].begin))
-        taken = {value.name for _, value, _ in bound} | {value.name for value, _ in other}
+        taken = {value.name for _, value, _, _ in bound} | {value.name for value, _ in other}
         weights, data = {}, {}
-        for record, value, handle in bound:
-            if record.name != value.name and record.name not in taken:
-                value.name = record.name  # a tied weight, under the name the checkpoint uses
+        for _, value, handle, stored in bound:
+            if stored != value.name and stored not in taken:
+                value.name = stored  # a tied weight, under the name the checkpoint uses
             weights[value.name], data[value.name] = value, handle
         for value, tensor in other:
             weights[value.name], data[value.name] = value, tensor
@@ -118,9 +128,8 @@ class Checkpoint:
             self.reader.close()
 
 
-def _check_type(value, record, name: str) -> None:
-    if tuple(value.type.shape) != tuple(record.shape):
+def _check_type(value, shape, name: str, stored: str, where: str) -> None:
+    if tuple(value.type.shape) != tuple(shape):
         raise CheckpointError(f"weight '{name}' is {value.type} in the exported graph but "
-                              f"{record.dtype}{list(record.shape)} in {record.file}",
-                              f"tensor '{record.name}' in {record.file}",
+                              f"{stored}", where,
                               "use the config.json that belongs to these weights")

@@ -21,6 +21,7 @@ import torch
 
 from compiler.ir import DType
 
+from .conversion import conversion_rules
 from .layout import CONFIG, CheckpointError, CheckpointLayout
 from .verify import Expected, ModelTensors
 
@@ -131,7 +132,7 @@ def model_tensors(model: torch.nn.Module) -> ModelTensors:
     ignore = getattr(model, "_keys_to_ignore_on_load_unexpected", None) or ()
     return ModelTensors(expected, [g for g in by_tensor.values() if len(g) > 1], computed,
                         getattr(model, "base_model_prefix", "") or "", tuple(ignore),
-                        legacy_renames(model))
+                        legacy_renames(model), conversion_rules(model))
 
 
 def legacy_renames(model: torch.nn.Module):

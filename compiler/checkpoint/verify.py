@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from compiler.ir import DType
 
 from . import precision
+from .conversion import ConversionRules, ConvertedGroup, plan
 from .layout import CheckpointError, CheckpointLayout, TensorRecord
 
 MAX_LISTED = 40
@@ -50,6 +51,8 @@ class ModelTensors:
     ignore_unexpected: Sequence[str] = ()  # regexes
     # legacy checkpoint name -> model name, as transformers renames on load (None: keep)
     renames: Callable[[str], str] | None = None
+    # transformers' converters (per-expert tensors -> stacked experts), None where it has none
+    conversions: ConversionRules | None = None
 
 
 @dataclass
@@ -58,6 +61,9 @@ class Binding:
 
     records: dict[str, TensorRecord]
     notes: list[str]
+    # parameters transformers assembles from several checkpoint tensors (stacked experts)
+    converted: dict[str, ConvertedGroup] = field(default_factory=dict)
+    rules: ConversionRules | None = None
 
     def record_for(self, name: str) -> TensorRecord | None:
         return self.records.get(name)
@@ -65,15 +71,22 @@ class Binding:
 
 def match(layout: CheckpointLayout, model: ModelTensors, model_name: str) -> Binding:
     """Bind checkpoint tensors to model names; one CheckpointError lists every mismatch."""
-    names = _rename(layout, model)
+    conversion = plan(layout, model.conversions, model.expected)
+    names = {c: m for c, m in _rename(layout, model).items() if c not in conversion.consumed}
     by_model = {model_name_: ckpt for ckpt, model_name_ in names.items()}
-    problems: list[str] = []
+    problems: list[str] = [text for text, _ in conversion.problems]
     notes: list[str] = []
     records: dict[str, TensorRecord] = {}
+    for name, group in conversion.groups.items():
+        problem = _compare_converted(group, name, model.expected[name])
+        if problem:
+            problems.append(problem)
     grouped = {n for group in model.tied for n in group}
     groups = list(model.tied) + [[n] for n in model.expected if n not in grouped]
     for group in groups:
         present = [n for n in group if n in by_model]
+        if any(n in conversion.groups for n in group):
+            continue
         if not present:
             exp = model.expected[group[0]]
             if exp.parameter:
@@ -105,32 +118,45 @@ def match(layout: CheckpointLayout, model: ModelTensors, model_name: str) -> Bin
         problems.append(f"unexpected tensor '{ckpt}' ({record.file}): "
                         f"{record.dtype}{list(record.shape)}, the model has no such parameter")
     if problems:
-        raise _per_expert_error(layout, model, model_name) or _mismatch_error(layout, model_name,
-                                                                               problems)
-    return Binding(records, notes)
+        raise (_per_expert_error(layout, model, model_name, conversion.consumed)
+               or _mismatch_error(layout, model_name, problems, conversion.problems))
+    if conversion.groups:
+        notes.append(f"{len(conversion.groups)} parameter(s) assembled from "
+                     f"{len(conversion.consumed)} checkpoint tensors by transformers' conversion "
+                     "mapping (experts stacked)")
+    return Binding(records, notes, conversion.groups, model.conversions)
 
 
 _PER_EXPERT = re.compile(r"\.experts\.\d+\.")
 _STACKED = re.compile(r"\.experts\.[A-Za-z_]+$")
 
 
-def _per_expert_error(layout: CheckpointLayout, model: ModelTensors, model_name: str
-                      ) -> CheckpointError | None:
-    """A mixture-of-experts checkpoint in the Hub's layout (one tensor per expert) for a model
-    that keeps its experts stacked ([experts, ...] parameters, transformers 5): the config is
-    the right one, the layouts differ. Not the generic 'wrong config.json' error."""
+def _per_expert_error(layout: CheckpointLayout, model: ModelTensors, model_name: str,
+                      converted: set[str]) -> CheckpointError | None:
+    """Per-expert tensors (the Hub's MoE layout) for a model that stacks its experts, none of
+    which a converter of transformers' mapping reads: the config is the right one, the expert
+    names are not ones transformers knows for this model. Not the generic 'wrong config.json'
+    error. (Where some are read, the others are misnamed, and listed as such.)"""
     per_expert = sorted(n for n in layout.tensors if _PER_EXPERT.search(n))
     stacked = sorted(n for n in model.expected if _STACKED.search(n))
-    if not per_expert or not stacked:
+    if not per_expert or not stacked or converted:  # mapped: what is left is named one by one
         return None
+    rules = model.conversions
+    reads = sorted({p for c in rules.converters for p in c.source_patterns if "*" in p}
+                   ) if rules else []
+    known = (f"transformers' conversion mapping for this model stacks tensors named "
+             f"{', '.join(repr(p) for p in reads[:6])}" if reads else
+             "transformers has no conversion mapping that stacks per-expert tensors for "
+             f"{model_name}")
+    where = layout.tensors[per_expert[0]]
     return CheckpointError(
         f"checkpoint {layout.root} stores its experts one tensor per expert ({len(per_expert)} "
         f"tensors such as '{per_expert[0]}'), while {model_name} keeps them stacked (parameters "
-        f"such as '{stacked[0]}'); dayzero's streamed loader does not stack per-expert tensors",
-        str(layout.root / (layout.index or layout.files[0])),
-        "compile the model as transformers loads it: a SPEC whose function returns "
-        "AutoModelForCausalLM.from_pretrained(folder) and its inputs (transformers converts "
-        "the layout while loading)")
+        f"such as '{stacked[0]}'), and {known}: these expert names are not among them",
+        str(layout.root / where.file),
+        "rename the expert tensors to the names above (or store them stacked, one "
+        f"[experts, ...] tensor per parameter such as '{stacked[0]}'), or use a transformers "
+        "release whose conversion mapping reads this layout")
 
 
 def _rename(layout: CheckpointLayout, model: ModelTensors) -> dict[str, str]:
@@ -160,17 +186,41 @@ def _compare(record: TensorRecord, expected: Expected, name: str) -> str | None:
     return None
 
 
+def _compare_converted(group: ConvertedGroup, name: str, expected: Expected) -> str | None:
+    shape = group.outputs[name]
+    if shape != tuple(expected.shape):
+        return (f"shape mismatch '{name}' ({group.describe()}): checkpoint {group.dtype}"
+                f"{list(shape)}, model expects {expected.dtype}{list(expected.shape)}")
+    if not precision.convertible(group.dtype, expected.dtype):
+        return (f"dtype mismatch '{name}' ({group.describe()}): checkpoint {group.dtype}, "
+                f"model expects {expected.dtype} (only fp32/bf16/fp16 are converted into "
+                "each other)")
+    return None
+
+
 def _ignored(name: str, patterns: Iterable[str]) -> bool:
     return any(re.search(p, name) for p in patterns)
 
 
-def _mismatch_error(layout: CheckpointLayout, model_name: str, problems: list[str]
-                    ) -> CheckpointError:
+def _mismatch_error(layout: CheckpointLayout, model_name: str, problems: list[str],
+                    converted: list[tuple[str, TensorRecord | None]]) -> CheckpointError:
     shown = problems[:MAX_LISTED]
     more = f"\n  ... and {len(problems) - MAX_LISTED} more" if len(problems) > MAX_LISTED else ""
-    return CheckpointError(
-        f"checkpoint {layout.root} does not match {model_name} built from its config.json: "
-        f"{len(problems)} problem(s)\n  " + "\n  ".join(shown) + more,
+    where, fix = _expert_place(layout, converted) if converted else (
         str(layout.root / (layout.index or layout.files[0])),
         "use the config.json that belongs to these weights (same architecture and sizes), or "
         "re-download the checkpoint if shards are from another revision")
+    return CheckpointError(
+        f"checkpoint {layout.root} does not match {model_name} built from its config.json: "
+        f"{len(problems)} problem(s)\n  " + "\n  ".join(shown) + more, where, fix)
+
+
+def _expert_place(layout: CheckpointLayout, converted: list[tuple[str, TensorRecord | None]]
+                  ) -> tuple[str, str]:
+    """Where and fix for expert tensors that cannot be stacked: the first one named."""
+    record = next((r for _, r in converted if r is not None), None)
+    where = (f"{layout.root / record.file}, tensor '{record.name}'" if record
+             else str(layout.root / (layout.index or layout.files[0])))
+    return where, ("the expert tensors named above are missing, misnamed or damaged (a stacked "
+                   "parameter takes experts 0..E-1 of one shape and dtype): re-download the "
+                   "shard(s) holding them, or fix their names")

@@ -29,11 +29,8 @@ def step_sizes(manifest: dict[str, Any], graph: Graph) -> dict[str, int]:
 
 def _pool(spec) -> tuple[int, int]:
     """(bytes, token slots) of the KV pool the runtime allocates for this spec."""
-    from runtime.kv_cache import CacheLayout
 
-    first = spec.layers[0]
-    layout = CacheLayout(len(spec.layers), first.kv_heads, first.head_size, spec.block_size,
-                         spec.kv_cache_dtype)
+    layout = spec.cache_layout()
     blocks = layout.blocks_for(spec.kv_cache_memory)
     return blocks * layout.block_bytes, blocks * spec.block_size
 

@@ -37,13 +37,16 @@ def summary(manifest: dict[str, Any], report: dict[str, Any] | None) -> str:
     from passes.parallel.report import format_report
 
     par = manifest["parallel"]
+    tp, ep = par.get("tensor_parallel", 1), par.get("expert_parallel", 1)
+    inner = f"tensor {tp}" if ep == 1 else \
+        f"tensor/expert {max(tp, ep)} (tensor {tp}, expert {ep}: the same ranks)"
     lines = [f"parallel: world size {par['world_size']} = data {par.get('data_parallel', 1)} x "
-             f"pipeline {par.get('pipeline_parallel', 1)} x tensor "
-             f"{par.get('tensor_parallel', 1)}"]
+             f"pipeline {par.get('pipeline_parallel', 1)} x {inner}"]
     for r in par.get("ranks", []):
         coords = r.get("coords", {})
+        experts = f", ep {coords['ep']}" if "ep" in coords else ""
         lines.append(f"rank {r['rank']}: dp {coords.get('dp', 0)}, pp {coords.get('pp', 0)}, "
-                     f"tp {coords.get('tp', 0)}; {r['graph']}, {len(r['weights'])} weight "
+                     f"tp {coords.get('tp', 0)}{experts}; {r['graph']}, {len(r['weights'])} weight "
                      f"file(s), {r.get('segments', 1)} backend segment(s)")
     for s in par.get("stages", []):
         lines.append(f"stage {s['stage']}: nodes {s['nodes'][0]}..{s['nodes'][1] - 1}, "

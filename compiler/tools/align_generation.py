@@ -22,13 +22,10 @@ def generation_steps(path: str | Path, prompt_tokens: int = PROMPT_TOKENS
     import runtime
     from runtime.generation.spec import GenerationSpec
     from runtime.generation.step import StepPart, build_step
-    from runtime.kv_cache import CacheLayout
 
     manifest = runtime.open_artifact(path, verify="size").manifest
     spec = GenerationSpec.from_manifest(manifest["generation"], str(path))
-    first = spec.layers[0]
-    layout = CacheLayout(len(spec.layers), first.kv_heads, first.head_size, spec.block_size,
-                         spec.kv_cache_dtype)
+    layout = spec.cache_layout()
     blocks = -(-(prompt_tokens + 1) // spec.block_size)
     model = runtime.load(path, kv_cache_memory=blocks * layout.block_bytes)
     runner = model.runner

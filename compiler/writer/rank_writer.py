@@ -23,7 +23,7 @@ def write_ranks(root: Path, ranks: Sequence[Any], backend: Backend, options: dic
     entries = []
     for program in sorted(ranks, key=lambda r: r.rank):
         graph, coords = program.graph, dict(program.coords)
-        key = (coords.get("pp", 0), coords.get("tp", 0))
+        key = tuple(sorted((axis, c) for axis, c in coords.items() if axis != "dp"))
         if key not in shared:
             locations, weight_files = write_weights(root, graph, files, progress, shard_bytes,
                                                     f"{WEIGHTS_DIR}/rank-{program.rank}")

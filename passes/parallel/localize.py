@@ -2,9 +2,11 @@
 
 Every value becomes the shard this rank holds: split dims are divided by their axis size, reshape
 and expand targets follow, global-form collectives get the concrete ranks of this rank's group,
-`shard` annotations disappear (or become local slices where a replicated value is split), and a
-vocabulary-parallel embedding looks up only the ids in this rank's rows. Weights consumed only
-under one split layout are stored as that slice, so a rank holds only its own shards.
+`shard` annotations disappear (or become local slices where a replicated value is split), a
+vocabulary-parallel embedding looks up only the ids in this rank's rows, and a `moe` op whose
+experts are split becomes its all-to-all dispatch, local experts and combine
+(expert_parallel.py). Weights consumed only under one split layout are stored as that slice, so
+a rank holds only its own shards.
 
 Each local node's type comes from the op's shape rule on the local operands and is checked
 against the layout's local shape, so a wrong rule cannot slip through as a wrong answer.
@@ -20,6 +22,8 @@ from compiler.errors import DayzeroError
 from compiler.ir import Graph, Node, TensorType, Value, format_node
 from compiler.ir.symbolic import equal
 
+from .expert_parallel import AXIS as EXPERT_AXIS
+from .expert_parallel import expand_moe
 from .layout import REPLICATED, Layout, local_size
 from .layout_conversion import explicit_layouts, parse_layout, plan_conversion
 from .mesh import DATA_AXES, Mesh
@@ -150,6 +154,9 @@ class _Localizer:
         locals_ = [None if i is None else i[0] for i in ins]
         if node.op == "embedding" and have[0].axis_of(0) is not None:
             results = [self.vocab_embedding(node, locals_, have[0].axis_of(0))]
+        elif node.op == "moe" and any(lay is not None and EXPERT_AXIS in lay.axes()
+                                      for lay in have):
+            results = [expand_moe(self, node, locals_)]
         else:
             attrs = dict(node.attrs)
             if node.op in _SHAPE_ATTRS:

@@ -2,7 +2,7 @@
 
 1. Place and spread layouts in the global graph with the pass manager (verified after every
    pass, dumped with the rest under `--dump-ir`): `shard_tensor_parallel`, `shard_data_parallel`,
-   `propagate_sharding`.
+   `shard_expert_parallel` (with `expert_parallel` above 1), `propagate_sharding`.
 2. Cut the annotated graph into `pipeline_parallel` stages with the cost model.
 3. For every rank: its local program (`localize`), cut down to its stage (`pipeline.cut`).
 
@@ -53,8 +53,10 @@ class ParallelPlan:
 
 def annotation_pipeline(mesh: Mesh) -> str:
     """Tensor-parallel placement first: its trial propagations see only its own axis."""
+    experts = f"shard_expert_parallel{{size={mesh.ep}}}," if mesh.ep > 1 else ""
+    spread = f"dp={mesh.dp},tp={mesh.tp}" + (f",ep={mesh.ep}" if mesh.ep > 1 else "")
     return (f"shard_tensor_parallel{{size={mesh.tp}}},shard_data_parallel{{size={mesh.dp}}},"
-            f"propagate_sharding{{dp={mesh.dp},tp={mesh.tp}}}")
+            f"{experts}propagate_sharding{{{spread}}}")
 
 
 def partition(graph: Graph, mesh: Mesh, *, dump_dir: str | Path | None = None,

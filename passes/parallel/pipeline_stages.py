@@ -176,7 +176,7 @@ def cut(local: Local, graph: Graph, stages: list[Stage], moves: list[Transfer], 
     recvs = []
     for move in sorted((m for m in moves if m.dst == stage), key=lambda m: (m.src, m.tag)):
         lv = local.env[id(move.value)]
-        peer = mesh.rank(dp=coords["dp"], pp=move.src, tp=coords["tp"])
+        peer = mesh.rank(**{**coords, "pp": move.src})
         node = g.add_node("recv", [], {"shape": list(lv.type.shape), "dtype": lv.type.dtype,
                                        "peer": peer, "tag": move.tag},
                           loc=lv.producer.loc if lv.producer else None, names=[f"{lv.name}.recv"])
@@ -189,7 +189,7 @@ def cut(local: Local, graph: Graph, stages: list[Stage], moves: list[Transfer], 
     sends = []
     for move in sorted((m for m in moves if m.src == stage), key=lambda m: (m.dst, m.tag)):
         lv = local.env[id(move.value)]
-        peer = mesh.rank(dp=coords["dp"], pp=move.dst, tp=coords["tp"])
+        peer = mesh.rank(**{**coords, "pp": move.dst})
         sends.append(g.add_node("send", [lv], {"peer": peer, "tag": move.tag},
                                 loc=lv.producer.loc if lv.producer else None,
                                 names=[f"{lv.name}.sent"]))

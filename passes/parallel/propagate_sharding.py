@@ -60,8 +60,8 @@ class _Memo:
         return self.table[key]
 
 
-def axis_sizes(dp: int = 1, tp: int = 1) -> dict[str, int]:
-    return {axis: n for axis, n in (("dp", dp), ("tp", tp)) if n > 1}
+def axis_sizes(dp: int = 1, tp: int = 1, ep: int = 1) -> dict[str, int]:
+    return {axis: n for axis, n in (("dp", dp), ("tp", tp), ("ep", ep)) if n > 1}
 
 
 def _replicated(value: Value) -> Layout:
@@ -104,8 +104,8 @@ def _describe(graph: Graph, inference: Inference) -> list[str]:
 
 @register_analysis(SHARDING, "every value's layout over the mesh, and the conversions needed",
                    _describe)
-def sharding(graph: Graph, dp: int = 1, tp: int = 1) -> Inference:
-    return infer_layouts(graph, axis_sizes(dp, tp))
+def sharding(graph: Graph, dp: int = 1, tp: int = 1, ep: int = 1) -> Inference:
+    return infer_layouts(graph, axis_sizes(dp, tp, ep))
 
 
 def _check_axes(node: Node, layouts, sizes) -> None:
@@ -195,7 +195,7 @@ def _annotate(graph: Graph, layouts: dict[Value, Layout]) -> bool:
 class PropagateSharding(Pass):
     """Spread seed layouts (`shard` nodes) to every value and insert the collectives they need.
 
-    Needs: a graph whose seeds name mesh axes of the sizes given (`dp`, `tp`); graph inputs and
+    Needs: a graph whose seeds name mesh axes of the sizes given (`dp`, `tp`, `ep`); inputs and
     weights without a seed are replicated. Guarantees: every operand has the layout its user's
     sharding rule asks for (conversions inserted as all_reduce / all_gather / reduce_scatter in
     global form, or `shard` local slices), graph outputs are replicated, and every non-replicated
@@ -208,11 +208,13 @@ class PropagateSharding(Pass):
     preserves = (SHARDING,)  # computed on the final graph below
     dp: int = 1
     tp: int = 1
+    ep: int = 1
 
     def run(self, graph: Graph) -> PassResult:
-        sizes = axis_sizes(self.dp, self.tp)
+        sizes = axis_sizes(self.dp, self.tp, self.ep)
         if not sizes and not any(n.op == "shard" for n in graph.nodes):
             return PassResult(graph, False)
         changed = apply_layouts(graph, sizes)
-        graph.analysis(SHARDING, dp=self.dp, tp=self.tp)  # every value's layout, for --dump-ir
+        options = {"dp": self.dp, "tp": self.tp, **({"ep": self.ep} if self.ep > 1 else {})}
+        graph.analysis(SHARDING, **options)  # every value's layout, for --dump-ir
         return PassResult(graph, changed)

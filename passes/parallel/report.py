@@ -5,6 +5,12 @@ reduce_scatter and send: the operand; all_gather and recv: the result). `wire_by
 rank itself puts on the wire with ring algorithms: 2(n-1)/n of the payload for all_reduce,
 (n-1)/n for all_gather and reduce_scatter, the whole tensor for send, nothing for recv. Sizes are
 expressions in the size symbols (`256*s0`): they hold for every input size the artifact accepts.
+
+The expert-parallel all-to-alls move as many rows as the routing sends to each rank, a size
+symbol of its own (`ep_rows0`): `expert_dispatch`'s payload is the rows the rank receives,
+`expert_combine`'s the rows it sends back; their wire is (n-1)/n of that (the share that
+crosses ranks when the routing spreads evenly), plus, for the combine, the all-gather of the
+token slices ((n-1)/n of its [tokens, hidden] result).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from compiler.ir import Graph, Node
 from compiler.ir.ops.collective import COMMUNICATION_OPS
 from compiler.ir.symbolic import normalize
 
-_RESULT_PAYLOAD = {"all_gather", "recv"}
+_RESULT_PAYLOAD = {"all_gather", "recv", "expert_dispatch"}
 
 
 def _bytes(value) -> sympy.Expr:
@@ -36,6 +42,8 @@ def _wire(node: Node, payload) -> sympy.Expr:
     n = len(node.attrs.get("ranks") or [0])
     factor = sympy.Rational(2 * (n - 1), n) if node.op == "all_reduce" else \
         sympy.Rational(n - 1, n)
+    if node.op == "expert_combine":  # the rows go back, then the token slices are gathered
+        return (payload + _bytes(node.outputs[0])) * factor
     return payload * factor
 
 

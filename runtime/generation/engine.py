@@ -14,7 +14,7 @@ import numpy as np
 
 from compiler.errors import ArtifactError
 
-from ..kv_cache import BlockAllocator, CacheLayout, PagedKVCache
+from ..kv_cache import BlockAllocator, PagedKVCache
 from .spec import GenerationSpec
 from .step import StepPart, build_step
 from .vision import IMAGE_INPUTS, image_feeds
@@ -22,16 +22,8 @@ from .vision import IMAGE_INPUTS, image_feeds
 
 class StepRunner:
     def __init__(self, model, spec: GenerationSpec, kv_cache_memory: int | None = None):
-        first = spec.layers[0]
-        if any((c.kv_heads, c.head_size, c.value_size) != (first.kv_heads, first.head_size,
-                                                           first.head_size)
-               for c in spec.layers):
-            raise ArtifactError("the layers' KV caches differ in shape; this runtime pages "
-                                "one shape for every layer", "generation.layers",
-                                "recompile with a dayzero version that supports it")
         self.model, self.spec = model, spec
-        self.layout = CacheLayout(len(spec.layers), first.kv_heads, first.head_size,
-                                  spec.block_size, spec.kv_cache_dtype)
+        self.layout = spec.cache_layout()  # each layer's pools as its step inputs read them
         blocks = self.layout.blocks_for(kv_cache_memory or spec.kv_cache_memory)
         self.cache = PagedKVCache(self.layout, blocks)
         self.allocator = BlockAllocator(blocks, spec.block_size)

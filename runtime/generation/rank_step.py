@@ -28,7 +28,6 @@ from compiler.errors import DayzeroError
 
 from ..comm import DEFAULT_TIMEOUT, TorchCommunicator
 from ..distributed import RankModel, _die_with_parent, _fail
-from ..kv_cache import CacheLayout
 from ..model import FixedInputsModel
 from ..specs import TensorSpec, symbol_ranges
 from ..validate import prepare_inputs
@@ -106,13 +105,10 @@ def rank_spec(spec: GenerationSpec, ranks: int, kv_cache_memory: int | None) -> 
     if any(c.kv_heads % ranks for c in spec.layers):
         raise DayzeroError(f"the KV heads {[c.kv_heads for c in spec.layers]} do not divide "
                            f"over {ranks} ranks", where, "the artifact is corrupted; recompile it")
-    first = spec.layers[0]
-    whole = CacheLayout(len(spec.layers), first.kv_heads, first.head_size, spec.block_size,
-                        spec.kv_cache_dtype)
-    blocks = whole.blocks_for(kv_cache_memory or spec.kv_cache_memory)
+    blocks = spec.cache_layout().blocks_for(kv_cache_memory or spec.kv_cache_memory)
     layers = tuple(dataclasses.replace(c, kv_heads=c.kv_heads // ranks) for c in spec.layers)
-    local = dataclasses.replace(whole, kv_heads=first.kv_heads // ranks)
-    return dataclasses.replace(spec, layers=layers, kv_cache_memory=blocks * local.block_bytes)
+    local = dataclasses.replace(spec, layers=layers)
+    return dataclasses.replace(local, kv_cache_memory=blocks * local.cache_layout().block_bytes)
 
 
 class StepChannel:

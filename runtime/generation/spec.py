@@ -1,9 +1,11 @@
 """The `generation` section of a generation artifact's manifest, read as untrusted data.
 
 The compiler records what the runtime needs to drive the step graph: the cache geometry per
-layer (KV heads, head sizes, sliding window), the vocabulary, the longest sequence the model was
-exported for, the end-of-sequence ids, and the cache settings of the `generation:` config
-(memory, block size, prefill chunk, token budget per step). Every field is checked here, with
+layer (KV heads, head sizes, sliding window; a latent-attention layer caches its compressed
+latent and shared rotary key instead, entry `[1, kv_lora_rank, rope_dim, window, "latent"]`),
+the vocabulary, the longest sequence the model was exported for, the end-of-sequence ids, and
+the cache settings of the `generation:` config (memory, block size, prefill chunk, token budget
+per step). Every field is checked here, with
 bounds, before the runtime allocates anything from it.
 """
 
@@ -14,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from compiler.errors import ArtifactError, DayzeroError
+
+from ..kv_cache import CacheLayout, LayerPools
 
 _MAX_LAYERS = 1 << 12
 _MAX_WIDTH = 1 << 16
@@ -35,12 +39,23 @@ def parse_bytes(value: Any, key: str) -> int:
     return int(float(match.group(1)) * _UNITS[unit])
 
 
+# what a layer's two pools hold per token: "attention" keys and values of kv_heads heads;
+# "latent" (DeepSeek's MLA) the normalized latent (head_size wide) and the rotated shared key
+# (value_size wide), one head each
+LAYER_KINDS = ("attention", "latent")
+
+
 @dataclass(frozen=True)
 class LayerCache:
     kv_heads: int
     head_size: int
     value_size: int
     window: int | None
+    kind: str = "attention"
+
+    def to_manifest(self) -> list:
+        entry = [self.kv_heads, self.head_size, self.value_size, self.window]
+        return entry if self.kind == "attention" else [*entry, self.kind]
 
 
 @dataclass(frozen=True)
@@ -56,13 +71,20 @@ class GenerationSpec:
     kv_cache_dtype: str = "f32"
 
     def to_manifest(self) -> dict[str, Any]:
-        return {"layers": [[c.kv_heads, c.head_size, c.value_size, c.window]
-                           for c in self.layers],
+        return {"layers": [c.to_manifest() for c in self.layers],
                 "vocab_size": self.vocab_size, "max_positions": self.max_positions,
                 "eos_token_ids": list(self.eos_token_ids),
                 "kv_cache_memory": self.kv_cache_memory, "block_size": self.block_size,
                 "prefill_chunk": self.prefill_chunk, "max_batch_tokens": self.max_batch_tokens,
                 "kv_cache_dtype": self.kv_cache_dtype}
+
+    def cache_layout(self) -> CacheLayout:
+        """The paged pool's geometry: each layer's two pools as the step graph reads them."""
+        first = self.layers[0]
+        return CacheLayout(len(self.layers), first.kv_heads, first.head_size, self.block_size,
+                           self.kv_cache_dtype,
+                           tuple(LayerPools(c.kv_heads, c.head_size, c.value_size)
+                                 for c in self.layers))
 
     @classmethod
     def from_manifest(cls, section: Any, where: str) -> GenerationSpec:
@@ -84,11 +106,12 @@ class GenerationSpec:
             raise fail("layers")
         parsed = []
         for entry in layers:
-            if not isinstance(entry, list) or len(entry) != 4:
+            if not isinstance(entry, list) or len(entry) not in (4, 5) \
+                    or (len(entry) == 5 and entry[4] not in LAYER_KINDS[1:]):
                 raise fail("layers")
             heads, size, vsize = (count("layers", _MAX_WIDTH, v) for v in entry[:3])
             window = None if entry[3] is None else count("layers", _MAX_TOKENS, entry[3])
-            parsed.append(LayerCache(heads, size, vsize, window))
+            parsed.append(LayerCache(heads, size, vsize, window, *entry[4:]))
         eos = section.get("eos_token_ids")
         if not isinstance(eos, list) or len(eos) > 64 or not all(
                 isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in eos):

@@ -288,6 +288,21 @@ def _paged(rotary: bool):
     return build
 
 
+def _paged_latent(g):
+    """A step of s0 tokens over a 12-slot pool of latents (16) and rotary keys (8), 4 heads."""
+    q = g.add_input("q", t(F, 1, 4, S, 16))
+    latent = g.add_input("latent", t(F, 1, 1, S, 16))
+    k_rope = g.add_input("k_rope", t(F, 1, 1, S, 8))
+    w = weight(g, "kv_b", np.random.default_rng(0).standard_normal((80, 16)).astype(np.float32))
+    caches = [g.add_input(n, t(F, 12, 1, width)) for n, width in (("k_cache", 16),
+                                                                  ("v_cache", 8))]
+    slots = g.add_input("seq_slots", t(I64, 3, 10))
+    seq, length = g.add_input("token_seq", t(I64, S)), g.add_input("token_len", t(I64, S))
+    node = op(g, "paged_latent_attention", [q, latent, k_rope, w, *caches, slots, seq, length],
+              num_heads=4, nope_head_dim=8, v_head_dim=12, window=6)
+    return list(node.outputs)
+
+
 _PAGED_RANGES = {"seq_slots": (-3, 11), "token_seq": (0, 2), "token_len": (1, 10), "q": (-1, 1)}
 
 
@@ -578,5 +593,6 @@ CASES: dict[str, Case] = {
                                  topk_group=1, group_top=1, group_fill=0.0)),
     "scatter": Case(_scatter, {"i": (0, 4)}),
     "latent_attention": Case(_latent_attention),
+    "paged_latent_attention": Case(_paged_latent, _PAGED_RANGES),
     "resize": Case(_resize),
 }

@@ -45,8 +45,9 @@ def inputs_for(graph: Graph, case: Case, size: int, seed: int) -> list[np.ndarra
     return arrays
 
 
-# Transfers between pipeline ranks: the distributed runtime's job, refused here (test below).
-RANK_TRANSFERS = {"send", "recv"}
+# Transfers between ranks that have no single-rank form: the distributed runtime's job,
+# refused here (test below).
+RANK_TRANSFERS = {"send", "recv", "expert_dispatch", "expert_combine"}
 
 
 def test_every_ir_op_has_a_converter_and_a_case():
@@ -61,7 +62,11 @@ def test_transfers_between_ranks_are_refused_with_a_reason():
     x = g.add_input("x", TensorType(DType.f32, (2, 3)))
     nodes = [g.add_node("send", [x], {"peer": 1, "tag": 0}),
              g.add_node("recv", [], {"shape": [2, 3], "dtype": DType.f32, "peer": 1, "tag": 0}),
-             g.add_node("all_reduce", [x], {"axis": "tp", "ranks": [0, 1]})]
+             g.add_node("all_reduce", [x], {"axis": "tp", "ranks": [0, 1]}),
+             g.add_node("expert_combine", [x, g.add_input("n", TensorType(DType.i64, (2,))),
+                                           g.add_input("w", TensorType(DType.f32, (2, 1))),
+                                           g.add_input("i", TensorType(DType.i64, (2, 1)))],
+                        {"axis": "ep", "experts": 2, "ranks": [0, 1]})]
     for node in nodes:
         assert not OnnxRuntimeBackend().supports(node)
         assert "runtime" in limit(node)

@@ -229,20 +229,27 @@ def test_fp16_overflow_names_the_weight_and_leaves_no_artifact(tmp_path):
     assert not out.exists() and not list(tmp_path.glob(".m.dz*"))
 
 
-def test_a_per_expert_moe_checkpoint_is_told_apart_from_a_wrong_config(tmp_path):
-    """save_pretrained writes Mixtral's experts one tensor each (the Hub's layout); the model
-    transformers 5 builds from the same config.json stacks them. The config is not wrong, so
-    the error must not say so; it says what differs and how to compile such a folder."""
+def test_per_expert_names_transformers_does_not_map_are_told_apart_from_a_wrong_config(tmp_path):
+    """Mixtral's experts one tensor each, but under names no converter of transformers' table
+    reads (`fc1` for `w1`, ...): the config is not wrong, so the error must not say so; it says
+    which names transformers stacks for this model and what to do."""
+    from safetensors.torch import load_file, save_file
     from transformers import MixtralConfig, MixtralForCausalLM
 
     config = MixtralConfig(hidden_size=32, intermediate_size=32, num_hidden_layers=1,
                            num_attention_heads=4, num_key_value_heads=2, vocab_size=64,
                            num_local_experts=4)
     MixtralForCausalLM(config).save_pretrained(tmp_path)
+    path = tmp_path / "model.safetensors"
+    tensors = load_file(path)
+    save_file({n.replace(".w1.", ".fc1.").replace(".w2.", ".fc2.").replace(".w3.", ".fc3."): t
+               for n, t in tensors.items()}, path)
     with pytest.raises(CheckpointError) as info:
         open_checkpoint(tmp_path)
     text = str(info.value)
     assert "one tensor per expert (12 tensors such as" in text
-    assert "experts.0.w1.weight" in text and "keeps them stacked" in text
+    assert "experts.0.fc1.weight" in text and "keeps them stacked" in text
+    assert "'.experts.*.w1.weight'" in text  # what transformers' mapping reads
     assert "belongs to these weights" not in text
-    assert "from_pretrained" in text
+    assert info.value.where == str(path)
+    assert "rename the expert tensors" in info.value.fix

@@ -8,7 +8,8 @@ from compiler.errors import DayzeroError
 
 def test_defaults_fill_every_section():
     cfg = load_config(None)
-    assert cfg.parallel == {"tensor_parallel": 1, "pipeline_parallel": 1, "data_parallel": 1}
+    assert cfg.parallel == {"tensor_parallel": 1, "pipeline_parallel": 1, "data_parallel": 1,
+                            "expert_parallel": 1}
     assert cfg.precision["weight_dtype"] == "fp32"
     assert cfg.quantize == {"weights": None, "group_size": 128, "activations": "float"}
     assert cfg.generation == {"kv_cache_memory": "2GiB", "block_size": 16, "prefill_chunk": 512,

@@ -56,7 +56,8 @@ class ThreadComm:
     def _gather(self, x, group):
         seq = self.seq.get(group, 0)
         self.seq[group] = seq + 1
-        return self.world.exchange(self.rank, group, seq, x.clone())
+        value = [c.clone() for c in x] if isinstance(x, list) else x.clone()
+        return self.world.exchange(self.rank, group, seq, value)
 
     def all_reduce(self, x, group):
         parts = self._gather(x, group)
@@ -71,6 +72,14 @@ class ThreadComm:
     def reduce_scatter(self, x, dim, group):
         total = self.all_reduce(x, group)
         return total.chunk(len(group), dim=dim)[group.index(self.rank)].contiguous()
+
+    def all_to_all(self, x, send_counts, recv_counts, group):
+        chunks = list(torch.split(x, [int(c) for c in send_counts]))
+        every = self._gather(chunks, group)  # every rank's list of chunks, by group position
+        mine = group.index(self.rank)
+        got = [every[i][mine] for i in range(len(group))]
+        assert [len(c) for c in got] == [int(c) for c in recv_counts], (got, recv_counts)
+        return torch.cat(got, 0)
 
     def send(self, x, peer, tag):
         self.world.post((self.rank, peer, tag), x.clone())
@@ -110,6 +119,32 @@ def run_rank_graphs(graphs: Sequence, inputs: Sequence) -> list:
     from backends.reference.interpreter import run_graph
 
     return run_ranks(len(graphs), lambda r: run_graph(graphs[r], graphs[r].weight_data, inputs))
+
+
+def run_rank_programs(graphs: Sequence, inputs: Sequence) -> list:
+    """Like `run_rank_graphs`, but each rank's graph runs as the runtime runs it: compute
+    segments (here on the reference interpreter, each binding its own size symbols, such as the
+    rows an expert dispatch received) and communication ops in between (runtime/rank_exec.py)."""
+    from backends.reference.interpreter import bind_symbols, run_graph
+    from runtime.rank_exec import _communicate
+    from runtime.segments import split_steps
+
+    def rank(r: int):
+        graph = graphs[r]
+        bindings = bind_symbols(graph, [x.shape for x in inputs])
+        env = {id(v): torch.as_tensor(x) for v, x in zip(graph.inputs, inputs)}
+        for step in split_steps(graph):
+            if step.is_compute:
+                args = list(inputs) + [env[id(v)] for v in step.reads]
+                results = run_graph(step.graph, graph.weight_data, args)
+                env.update({id(v): t for v, t in zip(step.writes, results)})
+            else:
+                results = _communicate(step.node, env, bindings)
+                results = results if len(step.node.outputs) > 1 else (results,)
+                env.update({id(v): t for v, t in zip(step.node.outputs, results)})
+        return [env[id(v)] for v in graph.outputs]
+
+    return run_ranks(len(graphs), rank)
 
 
 # -- the Llama example, exported once per test process ------------------------------------------

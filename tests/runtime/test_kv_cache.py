@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from compiler.errors import InputError
-from runtime.kv_cache import BlockAllocator, CacheFullError, CacheLayout, PagedKVCache
+from compiler.errors import ArtifactError, InputError
+from runtime.generation.spec import GenerationSpec, LayerCache
+from runtime.kv_cache import BlockAllocator, CacheFullError, CacheLayout, LayerPools, PagedKVCache
 
 LAYOUT = CacheLayout(layers=2, kv_heads=2, head_size=8, block_size=4)
 
@@ -84,3 +85,52 @@ def test_bad_layouts_name_the_key(field, value):
     args = {"layers": 1, "kv_heads": 1, "head_size": 4, field: value}
     with pytest.raises(InputError, match=field if field != "dtype" else "f8"):
         CacheLayout(**args)
+
+
+# DeepSeek's latent attention: each layer's pools hold a 16-wide latent and an 8-wide rotary
+# key per token (one head each), beside a layer of 2 KV heads of 8
+MIXED = CacheLayout(2, 2, 8, 4, pools=(LayerPools(1, 16, 8), LayerPools(2, 8, 8)))
+
+
+def test_layers_page_their_own_pool_shapes():
+    assert MIXED.token_bytes == (16 + 8) * 4 + 2 * (8 + 8) * 4
+    assert MIXED.block_bytes == 4 * MIXED.token_bytes
+    assert CacheLayout(2, 2, 8, 4, "int8", MIXED.pools).token_bytes == (16 + 8 + 8) \
+        + 2 * (8 + 8 + 8)
+    cache = PagedKVCache(MIXED, num_blocks=5)
+    assert cache.flat(0, 0).shape == (20, 1, 16) and cache.flat(0, 1).shape == (20, 1, 8)
+    assert cache.flat(1, 0).shape == (20, 2, 8)
+    rng = np.random.default_rng(2)
+    latent, rope = rng.standard_normal((6, 1, 16)), rng.standard_normal((6, 1, 8))
+    cache.write(0, [3, 1], 0, latent, rope)
+    got_latent, got_rope = cache.read(0, [3, 1], 6)
+    np.testing.assert_array_equal(got_latent, latent.astype(np.float32))
+    np.testing.assert_array_equal(got_rope, rope.astype(np.float32))
+    assert not cache.read(1, [3, 1], 6)[0].any()
+
+
+def test_a_pool_list_must_cover_every_layer():
+    with pytest.raises(InputError, match="1 layer pools for 2 layers"):
+        CacheLayout(2, 1, 8, pools=(LayerPools(1, 16, 8),))
+    with pytest.raises(InputError, match="key_width=0"):
+        CacheLayout(1, 1, 8, pools=(LayerPools(1, 0, 8),))
+
+
+def _section(layers):
+    return GenerationSpec((), 256, 64, (2,), 1 << 20, 4, 16, 16).to_manifest() | {
+        "layers": layers}
+
+
+def test_the_manifest_keeps_each_layers_cache_kind():
+    layers = [[1, 16, 8, None, "latent"], [2, 8, 8, 4]]  # an attention entry as before
+    spec = GenerationSpec.from_manifest(_section(layers), "m.dz")
+    assert spec.layers == (LayerCache(1, 16, 8, None, "latent"), LayerCache(2, 8, 8, 4))
+    assert spec.to_manifest()["layers"] == layers
+    assert spec.cache_layout() == CacheLayout(2, 1, 16, 4, pools=MIXED.pools)
+
+
+@pytest.mark.parametrize("entry", [[1, 16, 8, None, "expanded"], [1, 16, 8, None, "latent", 1],
+                                   [1, 16, 0, None, "latent"]])
+def test_a_bad_layer_entry_is_a_corrupt_artifact(entry):
+    with pytest.raises(ArtifactError, match="generation.layers is missing or invalid"):
+        GenerationSpec.from_manifest(_section([entry]), "m.dz")

@@ -2,7 +2,10 @@
 `histc` (defined by an exact decomposition into compares and a sum, compiler/ir/ops/sorting.py).
 
 min == max == 0 (take the range from the data) is refused: the bins would depend on the values;
-min == max otherwise widens the range by one on each side, as torch does.
+min == max otherwise widens the range by one on each side, as torch does. Integer input (torch's
+CUDA kernel takes it; transformers' expert path uses it on every device but CPU and MPS, the meta
+device of a streamed checkpoint included) is counted as f64, exact for every i32 and for i64 up to
+2**53, and the counts come back in the input's dtype, as torch returns them.
 """
 
 from __future__ import annotations
@@ -33,8 +36,8 @@ def _argsort(em: AtenEmitter, a):
 @converts("histc.default", ir="histc")
 def _histc(em: AtenEmitter, a):
     x = a["self"]
-    if not x.dtype.is_float:
-        raise Unsupported(f"histc of {x.dtype} (torch's CPU kernel takes floats only)")
+    if x.dtype == DType.bool:
+        raise Unsupported("histc of a bool tensor")
     bins, low, high = int(a["bins"]), float(a["min"]), float(a["max"])
     if bins <= 0:
         raise Unsupported(f"histc with bins={bins}")
@@ -44,4 +47,7 @@ def _histc(em: AtenEmitter, a):
         raise Unsupported(f"histc with min {low} > max {high}")
     if low == high:  # torch widens an empty range by one on each side
         low, high = low - 1.0, high + 1.0
-    return em.op("histc", x, bins=bins, min=low, max=high)
+    if x.dtype.is_float:
+        return em.op("histc", x, bins=bins, min=low, max=high)
+    counts = em.op("histc", em.cast(x, DType.f64), bins=bins, min=low, max=high)
+    return em.cast(counts, x.dtype)

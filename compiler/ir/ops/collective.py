@@ -31,7 +31,9 @@ from . import shape_rules as rules
 from .registry import REQUIRED, ShapeError, define
 
 # The ops that move data between ranks; runtimes execute these themselves, not through a backend.
-COMMUNICATION_OPS = frozenset({"all_reduce", "all_gather", "reduce_scatter", "send", "recv"})
+# (expert_dispatch and expert_combine are defined in expert_comm.py)
+COMMUNICATION_OPS = frozenset({"all_reduce", "all_gather", "reduce_scatter", "send", "recv",
+                               "expert_dispatch", "expert_combine"})
 
 
 class Communicator(Protocol):
@@ -44,6 +46,10 @@ class Communicator(Protocol):
     def reduce_scatter(self, x: Any, dim: int, group: tuple[int, ...]) -> Any: ...
     def send(self, x: Any, peer: int, tag: int) -> None: ...
     def recv(self, shape: Sequence[int], dtype: DType, peer: int, tag: int) -> Any: ...
+    def all_to_all(self, x: Any, send_counts: Sequence[int], recv_counts: Sequence[int],
+                   group: tuple[int, ...]) -> Any:
+        """Rows of x (dim 0) in consecutive chunks of send_counts[i] to group[i]; returns the
+        chunks received, recv_counts[i] rows from group[i], concatenated in group order."""
 
 
 _CURRENT: contextvars.ContextVar[Communicator | None] = contextvars.ContextVar(
