@@ -42,10 +42,12 @@ PHASES: tuple[tuple[str, ...], ...] = (
     ("horizontal",),
 )
 
-SET_NAMES: tuple[str, ...] = tuple(name for phase in PHASES for name in phase)
-
 # sets switched by another set's `fuse` option (the shared-expert rules finish the moe rules)
 OPTION_OF: dict[str, str] = {"moe_shared": "moe"}
+
+# the `fuse` options: one per pattern set, less those another set's option switches
+SET_NAMES: tuple[str, ...] = tuple(name for phase in PHASES for name in phase
+                                   if name not in OPTION_OF)
 
 
 def option_of(name: str) -> str:
