@@ -1,15 +1,19 @@
-"""A Mixtral-shaped mixture-of-experts model compiled by dayzero (onnxruntime, com.microsoft.MoE)
-against PyTorch eager on the same inputs.
+"""A Mixtral- or DeepSeek-V3-shaped mixture-of-experts model compiled by dayzero (onnxruntime,
+com.microsoft.MoE) against PyTorch eager on the same inputs.
 
 transformers' MixtralForCausalLM with random weights, scaled down (default: hidden 1024,
-8 experts, top-2, 4 layers, expert inner size 3584 as Mixtral's 3.5 x hidden), compiled with a
-dynamic sequence length. Alternates eager and the artifact in rounds so that the machine's drift
-hits both alike; prints the median per forward of each, their ratio, the MoE blocks' routed
-FLOPs against what a dense all-experts evaluation would spend, and the largest difference of the
-logits (which must stay within dayzero's fp32 bound).
+8 experts, top-2, 4 layers, expert inner size 3584 as Mixtral's 3.5 x hidden), or with
+`--model deepseek_v3` DeepseekV3ForCausalLM (hidden 1024, 64 routed experts in 8 groups of
+which 4 are kept, top-6, 2 shared experts, expert inner size 256, MLA with a 128-wide latent,
+every layer MoE), compiled with a dynamic sequence length. Alternates eager and the artifact in
+rounds so that the machine's drift hits both alike; prints the median per forward of each, their
+ratio, the MoE blocks' routed FLOPs (chosen and shared experts) against what a dense all-experts
+evaluation would spend, and the largest difference of the logits (which must stay within
+dayzero's fp32 bound).
 
     python benchmarks/moe.py                                  # the default shape, seq 128
     python benchmarks/moe.py --hidden 256 --layers 2 --seq 32 64 --rounds 3
+    python benchmarks/moe.py --model deepseek_v3 --layers 2 --seq 64
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ def build(args) -> torch.nn.Module:
     from transformers import MixtralConfig, MixtralForCausalLM
 
     torch.manual_seed(0)
+    if args.model == "deepseek_v3":
+        return build_deepseek(args)
     config = MixtralConfig(hidden_size=args.hidden, intermediate_size=args.intermediate,
                            num_hidden_layers=args.layers, num_attention_heads=args.heads,
                            num_key_value_heads=max(1, args.heads // 4), vocab_size=args.vocab,
@@ -43,11 +49,38 @@ def build(args) -> torch.nn.Module:
     return MixtralForCausalLM(config).eval()
 
 
+def build_deepseek(args) -> torch.nn.Module:
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    config = DeepseekV3Config(
+        hidden_size=args.hidden, intermediate_size=3 * args.hidden,
+        moe_intermediate_size=args.intermediate, num_hidden_layers=args.layers,
+        num_attention_heads=args.heads, num_key_value_heads=args.heads, vocab_size=args.vocab,
+        n_routed_experts=args.experts, num_experts_per_tok=args.top_k,
+        n_shared_experts=args.shared, n_group=args.groups, topk_group=args.groups // 2,
+        first_k_dense_replace=0, kv_lora_rank=128, q_lora_rank=384, qk_rope_head_dim=32,
+        qk_nope_head_dim=64, v_head_dim=64, max_position_embeddings=4096)
+    model = DeepseekV3ForCausalLM(config).eval()
+    with torch.no_grad():  # a bias that changes choices, as a trained one does
+        for name, buf in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buf.copy_(torch.randn(buf.shape) * 0.05)
+    return model
+
+
+DEFAULTS = {  # model -> its shape's defaults
+    "mixtral": dict(intermediate=3584, experts=8, top_k=2, shared=0),
+    "deepseek_v3": dict(intermediate=256, experts=64, top_k=6, shared=2, groups=8),
+}
+
+
 def moe_flops(args, seq: int) -> tuple[float, float]:
-    """(routed, dense) multiply-adds x 2 of the MoE blocks for one forward of `seq` tokens."""
+    """(routed, dense) multiply-adds x 2 of the MoE blocks for one forward of `seq` tokens: the
+    chosen experts plus the shared ones, against every expert plus the shared ones."""
     per_expert_token = 2 * 3 * args.hidden * args.intermediate  # gate, up, down
-    routed = args.layers * seq * args.top_k * per_expert_token
-    return routed, routed * args.experts / args.top_k
+    per_layer_token = args.layers * seq * per_expert_token
+    return (per_layer_token * (args.top_k + args.shared),
+            per_layer_token * (args.experts + args.shared))
 
 
 def timed(fn, rounds: int) -> list[float]:
@@ -61,16 +94,24 @@ def timed(fn, rounds: int) -> list[float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=sorted(DEFAULTS), default="mixtral")
     parser.add_argument("--hidden", type=int, default=1024)
-    parser.add_argument("--intermediate", type=int, default=3584)
-    parser.add_argument("--experts", type=int, default=8)
-    parser.add_argument("--top-k", type=int, default=2)
+    parser.add_argument("--intermediate", type=int, help="expert inner size")
+    parser.add_argument("--experts", type=int)
+    parser.add_argument("--top-k", type=int)
+    parser.add_argument("--shared", type=int, help="shared experts (deepseek_v3)")
+    parser.add_argument("--groups", type=int, help="expert groups, half kept (deepseek_v3)")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--vocab", type=int, default=1000)
     parser.add_argument("--seq", type=int, nargs="+", default=[128])
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
+    for key, value in DEFAULTS[args.model].items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    if args.model == "mixtral":
+        args.shared = 0
 
     hf = build(args)
     module, inputs = wrap_pretrained(hf, {"input_ids": torch.randint(0, args.vocab, (1, 8))},
@@ -82,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
                                                                                    max=4096)},))
         print(f"compiled in {time.perf_counter() - start:.1f} s")
         model = runtime.load(out)
+        print(f"{args.model}: hidden {args.hidden}, {args.experts} experts, top-{args.top_k}, "
+              f"{args.shared} shared, expert inner {args.intermediate}, {args.layers} layers")
         print("| seq | eager ms | dayzero ms | eager / dayzero | MoE GFLOP routed | dense | "
               "max abs diff |")
         print("|---|---|---|---|---|---|---|")

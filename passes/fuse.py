@@ -9,7 +9,7 @@ from compiler.errors import DayzeroError
 from compiler.ir import Graph
 
 from .base import Pass, PassResult
-from .fusion.sets import PHASES, RULE_SETS, TRANSFORMS
+from .fusion.sets import PHASES, RULE_SETS, TRANSFORMS, option_of
 from .registry import register_pass
 from .rewrite import RewriteMiss, RewriteRecord, RuleSet, apply_rules
 
@@ -25,7 +25,8 @@ class Fuse(Pass):
     Pattern sets (each an option, all on by default; see passes/fusion/): activations (GELU erf
     and tanh forms, SiLU), norms (RMSNorm, LayerNorm, their weight and bias), attention (explicit
     softmax(QK^T*scale+mask)V, repeat_kv -> enable_gqa, causal masks -> is_causal), rotary
-    (rotary_embedding), moe (a mixture-of-experts block -> moe), residual (add + norm ->
+    (rotary_embedding), moe (a mixture-of-experts block, its shared expert included -> moe),
+    residual (add + norm ->
     add_rms_norm / add_layer_norm), mlp (gated MLP),
     epilogue (linear + bias + activation), horizontal (linears sharing an input -> one linear).
     They run in phases, each to a fixpoint.
@@ -59,13 +60,13 @@ class Fuse(Pass):
                                f"{self.max_sweeps}", None, "write e.g. fuse{max_sweeps=16}")
 
     def enabled(self) -> list[str]:
-        return [name for phase in PHASES for name in phase if getattr(self, name)]
+        return [name for phase in PHASES for name in phase if getattr(self, option_of(name))]
 
     def run(self, graph: Graph) -> PassResult:
         records: list[RewriteRecord] = []
         misses: list[RewriteMiss] = []
         for phase in PHASES:
-            names = [n for n in phase if getattr(self, n)]
+            names = [n for n in phase if getattr(self, option_of(n))]
             rules = sum((RULE_SETS[n] for n in names if n in RULE_SETS), RuleSet())
             if len(rules):
                 records += apply_rules(graph, rules, self.max_sweeps, misses)

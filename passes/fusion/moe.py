@@ -7,20 +7,18 @@ token-expert pairs sorted by expert, counted per expert (`histc`, cumulated into
 put back in token order by the inverse permutation and summed over the k choices.
 
 The routing weights and indices must come from one `topk` of the router's scores, in a form the
-`moe` op's `routing` attribute names: softmax then top-k (optionally renormalised by the sum), or
-top-k of the logits then a softmax. Anything else is left unfused and runs as the primitive ops.
+`moe` op's routing attributes express (see moe_routing: softmax or sigmoid scores, a score bias,
+group-limited selection, renormalisation, a scale). Anything else is left unfused and runs as the
+primitive ops.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
-from compiler.ir import Value
-
 from ..rewrite import RuleSet, rule
 from ..rewrite.match import same_dim
-from .common import activation_name, last_axis, misfit
+from .common import activation_name, misfit
+from .moe_routing import routing_of
+from .moe_shared import SHARED
 
 
 def _experts(op, x, w_gate_up, w_down, weights, indices):
@@ -40,54 +38,9 @@ def _experts(op, x, w_gate_up, w_down, weights, indices):
     return op.sum(op.reshape(op.index(scaled, inverse), _name="per_choice"), _name="out")
 
 
-@dataclass(frozen=True)
-class Routing:
-    logits: Value
-    attrs: dict[str, Any]
-
-
-def _strip_cast(value: Value) -> Value:
-    while value.producer is not None and value.producer.op == "cast" \
-            and value.producer.inputs[0].dtype == value.dtype:
-        value = value.producer.inputs[0]
-    return value
-
-
-def routing_of(weights: Value, indices: Value) -> Routing | str:
-    """The routing that made (weights, indices), or why it is not one `moe` can express."""
-    topk = indices.producer
-    if topk is None or topk.op != "topk" or topk.outputs[1] is not indices:
-        return f"%{indices.name} is not the indices of a topk"
-    a = topk.attrs
-    if not (a["largest"] and last_axis(a["dim"], topk.inputs[0].type.rank)):
-        return "the router's topk is not of the largest scores along the experts"
-    weights, normalize = _strip_cast(weights), False
-    node = weights.producer
-    if node is not None and node.op == "div" and node.attrs.get("rounding_mode") is None:
-        total = node.inputs[1].producer
-        if (total is None or total.op != "sum" or not total.attrs["keepdim"]
-                or total.inputs[0] is not node.inputs[0]
-                or not last_axis(total.attrs["dims"][0] if len(total.attrs["dims"]) == 1
-                                 else None, node.inputs[0].type.rank)):
-            return "the routing weights are divided by something other than their sum"
-        weights, normalize = _strip_cast(node.inputs[0]), True
-    scores = _strip_cast(topk.inputs[0])
-    node = weights.producer
-    if weights is topk.outputs[0]:
-        soft = scores.producer
-        if soft is None or soft.op != "softmax" \
-                or not last_axis(soft.attrs["dim"], scores.type.rank):
-            return "the router's top-k scores are not a softmax over the experts"
-        return Routing(soft.inputs[0], {"routing": "softmax_topk", "normalize": normalize})
-    if (node is not None and node.op == "softmax" and not normalize
-            and _strip_cast(node.inputs[0]) is topk.outputs[0]):
-        return Routing(scores, {"routing": "topk_softmax", "normalize": False})
-    return "the routing weights are not the topk values, their softmax or their normalised sum"
-
-
 def _check(ctx, x, w_gate_up, w_down, weights, indices, k, counts, rows, gate, up, act,
            per_choice, out, perm, flat_ids, **_):
-    routing = routing_of(weights, indices)
+    routing = routing_of(ctx.graph, weights, indices)
     if isinstance(routing, str):
         return routing
     experts, inter = w_gate_up.shape[0], w_down.shape[1]
@@ -108,16 +61,17 @@ def _check(ctx, x, w_gate_up, w_down, weights, indices, k, counts, rows, gate, u
     if per_choice.type.rank != 3 or out.producer.attrs["dims"] not in ([1], [-2]) \
             or out.producer.attrs["keepdim"] or not same_dim(per_choice.shape[1], k):
         return "the expert outputs are not summed over the k choices"
-    return misfit("moe", [x, routing.logits, w_gate_up, w_down, None, None, None], top_k=k,
-                  activation=activation_name(act), **routing.attrs)
+    return misfit("moe", [x, routing.logits, w_gate_up, w_down, None, None, routing.score_bias],
+                  top_k=k, activation=activation_name(act), **routing.attrs)
 
 
 def _rewrite(op, x, w_gate_up, w_down, weights, indices, k, act, **_):
-    routing = routing_of(weights, indices)
-    return op.moe(x, routing.logits, w_gate_up, w_down, None, None, None, top_k=k,
+    routing = routing_of(op.graph, weights, indices)
+    return op.moe(x, routing.logits, w_gate_up, w_down, None, None, routing.score_bias, top_k=k,
                   activation=activation_name(act), **routing.attrs)
 
 
 MOE = rule("moe", _experts, _rewrite, check=_check)
 
 RULES = RuleSet([MOE], "moe")
+SHARED_RULES = RuleSet(SHARED, "moe_shared")

@@ -25,6 +25,7 @@ RULE_SETS: dict[str, RuleSet] = {
     "residual": norms.RESIDUAL_RULES,
     "mlp": mlp.GATED_RULES,
     "moe": moe.RULES,
+    "moe_shared": moe.SHARED_RULES,  # a moe's shared expert, once gated_mlp has formed
     "heads": heads.RULES + latent.RULES,  # latent attention: the same block, MLA's keys
     "epilogue": mlp.EPILOGUE_RULES,
 }
@@ -36,12 +37,21 @@ TRANSFORMS: dict[str, Callable[[Graph], list[RewriteRecord]]] = {
 
 PHASES: tuple[tuple[str, ...], ...] = (
     ("activations", "norms", "attention", "rotary", "moe"),
-    ("residual", "mlp", "heads"),
+    ("residual", "mlp", "heads", "moe_shared"),
     ("epilogue",),
     ("horizontal",),
 )
 
-SET_NAMES: tuple[str, ...] = tuple(name for phase in PHASES for name in phase)
+# sets switched by another set's `fuse` option (the shared-expert rules finish the moe rules)
+OPTION_OF: dict[str, str] = {"moe_shared": "moe"}
+
+# the `fuse` options: one per pattern set, less those another set's option switches
+SET_NAMES: tuple[str, ...] = tuple(name for phase in PHASES for name in phase
+                                   if name not in OPTION_OF)
+
+
+def option_of(name: str) -> str:
+    return OPTION_OF.get(name, name)
 
 
 def rule_names() -> dict[str, list[str]]:

@@ -403,16 +403,24 @@ def _index_put(g):
             op(g, "index_put", [x, values, idx], accumulate=True).output]
 
 
-def _moe(routing: str, normalize: bool = False, bias: bool = False, scale: float = 1.0):
+def _moe(routing: str, normalize: bool = False, bias: bool = False, scale: float = 1.0,
+         shared: str = "", **groups):
+    """A moe over 4 experts; `shared` "plain" or "gated" adds a shared expert (inner size 16),
+    `groups` the group-limited routing attributes."""
     def build(g):
         x = g.add_input("x", t(F, S, 8))
         logits = g.add_input("logits", t(F, S, 4))
-        w1, w2, b1, b2, sb = rng_arrays(12, (4, 8, 12), (4, 6, 8), (4, 12), (4, 8), (4,))
+        w1, w2, b1, b2, sb, sg, su, sd, gate = rng_arrays(
+            12, (4, 8, 12), (4, 6, 8), (4, 12), (4, 8), (4,), (16, 8), (16, 8), (8, 16), (1, 8))
         ins = [x, logits, weight(g, "w1", w1), weight(g, "w2", w2),
                weight(g, "b1", b1) if bias else None, weight(g, "b2", b2) if bias else None,
                weight(g, "sb", sb) if routing == "sigmoid_topk" else None]
+        if shared:  # scaled so the shared expert's output is of the routed sum's size
+            sg, su, sd = sg * 0.3, su * 0.3, sd * 0.3
+            ins += [weight(g, "sg", sg), weight(g, "su", su), weight(g, "sd", sd),
+                    weight(g, "gate", gate) if shared == "gated" else None]
         return [op(g, "moe", ins, top_k=2, routing=routing, normalize=normalize,
-                   scale=scale).output]
+                   scale=scale, **groups).output]
     return build
 
 
@@ -578,6 +586,11 @@ CASES: dict[str, Case] = {
     "moe_bias": Case(_moe("softmax_topk", bias=True)),
     "moe_topk_softmax": Case(_moe("topk_softmax")),
     "moe_sigmoid": Case(_moe("sigmoid_topk", normalize=True, scale=2.5)),
+    "moe_shared_gated": Case(_moe("softmax_topk", shared="gated")),
+    "moe_deepseek_v3": Case(_moe("sigmoid_topk", normalize=True, scale=2.5, shared="plain",
+                                 normalize_eps=1e-20, n_group=2, topk_group=1, group_top=2)),
+    "moe_deepseek_v2": Case(_moe("softmax_topk", scale=1.5, shared="plain", n_group=2,
+                                 topk_group=1, group_top=1, group_fill=0.0)),
     "scatter": Case(_scatter, {"i": (0, 4)}),
     "latent_attention": Case(_latent_attention),
     "paged_latent_attention": Case(_paged_latent, _PAGED_RANGES),

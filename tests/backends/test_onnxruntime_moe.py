@@ -72,3 +72,31 @@ def test_an_expert_runs_only_for_the_tokens_routed_to_it(tmp_path, exclude):
     rest = [1, 2, 3, 4, 6, 7, 8]
     assert np.isfinite(got[rest]).all()
     assert_fp32_close(got[rest], want[rest])
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("case", ["moe", "moe_topk_softmax", "moe_deepseek_v3", "moe_deepseek_v2",
+                                  "moe_shared_gated"])
+def test_a_nonfinite_input_propagates_as_in_eager(case, value, tmp_path):
+    """A NaN or Inf in one router logit or one hidden value, on com.microsoft.MoE with the
+    routing computed beside it: NaN exactly where the op's decomposition (eager's computation)
+    has it. com.microsoft.MoE's own routing would drop a NaN logit (its top-k skips it), so the
+    lowering never relies on it; an infinite logit is a certain choice under a sigmoid, a NaN
+    under a softmax."""
+    from backends.reference.interpreter import run_graph
+    from tests.backends.onnxruntime_cases import CASES
+    from tests.backends.test_onnxruntime_ops import build, inputs_for
+    from tests.test_nonfinite import assert_like_eager
+
+    g = build(CASES[case])
+    artifact = compile_graph(g, tmp_path / "m.dz")
+    ops = [(n.domain, n.op_type) for n in onnx.load(
+        str(artifact / "backend" / "model.onnx"), load_external_data=False).graph.node]
+    assert ("com.microsoft", "MoE") in ops
+    run = load(artifact)
+    base = inputs_for(g, CASES[case], 9, 0)
+    for i, at in ((1, 13), (0, 30)):  # logits[3, 1], x[3, 6]
+        x = [a.copy() for a in base]
+        x[i].reshape(-1)[at] = value
+        want = [w.numpy() for w in run_graph(g, g.weight_data, [torch.from_numpy(a) for a in x])]
+        assert_like_eager(run(x), want)

@@ -138,8 +138,10 @@ OP_EXAMPLES = {
     "grouped_matmul": ([f32(S0, 8), W(f32(4, 8, 6)), TensorType(DType.i32, (4,))], {}),
     "index_put": ([i64(S0), i64(S0), i64(S0)], {"accumulate": True}),
     "moe": ([f32(S0, 8), f32(S0, 4), W(f32(4, 8, 12)), W(f32(4, 6, 8)), None, W(f32(4, 8)),
-             W(f32(4))], {"top_k": 2, "routing": "sigmoid_topk", "normalize": True,
-                          "normalize_eps": 1e-20, "scale": 2.5}),
+             W(f32(4)), W(f32(16, 8)), W(f32(16, 8)), W(f32(8, 16)), W(f32(1, 8))],
+            {"top_k": 2, "routing": "sigmoid_topk", "normalize": True, "normalize_eps": 1e-20,
+             "scale": 2.5, "n_group": 2, "topk_group": 1, "group_top": 2,
+             "group_fill": float("-inf")}),
     "scatter": ([f32(S0, 4), i64(S0, 2), f32(S0, 2)], {"dim": 1, "reduce": "amax"}),
     "resize": ([f32(1, 3, S0, 8)], {"size": [16, 16], "mode": "bilinear", "align_corners": True}),
 }

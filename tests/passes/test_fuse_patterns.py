@@ -294,9 +294,13 @@ def _moe_variant(old: str, new: str) -> str:
 
 
 MOE_REFUSED = {
-    "sigmoid scores are not a softmax": (
-        _moe_variant("= softmax(%logits) {dim=-1}", "= sigmoid(%logits)"),
-        "the router's top-k scores are not a softmax over the experts"),
+    "tanh scores are neither softmax nor sigmoid": (
+        _moe_variant("= softmax(%logits) {dim=-1}", "= tanh(%logits)"),
+        "the router's top-k scores are not a softmax or a sigmoid over the experts"),
+    "weights divided by other than their sum": (
+        _moe_variant("= sum(%top_w) {dims=[-1], keepdim=true}",
+                     "= amax(%top_w) {dims=[-1], keepdim=true}"),
+        "the routing weights are divided by something other than their sum"),
     "histc counting another range": (
         _moe_variant("{bins=4, min=0.0, max=3.0}", "{bins=4, min=0.0, max=4.0}"),
         "histc {'bins': 4, 'min': 0.0, 'max': 4.0} does not count 4 experts"),
@@ -314,3 +318,31 @@ def test_moe_refusals_say_why(case):
     assert "moe(" not in print_ir(graph)
     verdicts = dict(explain(graph, "out", ALL_RULES))
     assert verdicts.get("moe") == reason, verdicts
+
+
+def _case_variant(name: str, old: str, new: str) -> str:
+    text = (CASES / f"{name}.dzir").read_text()
+    assert old in text
+    return text.replace(old, new)
+
+
+SHARED_REFUSED = {  # case -> (text, the rule rooted at %out, why it did not fire)
+    "shared expert of another activation": (
+        _case_variant("moe_deepseek_v3", "= silu(%s_g)", "= relu(%s_g)"), "moe_shared_view",
+        "the shared expert's activation differs from the routed experts'"),
+    "shared expert on other tokens": (
+        _case_variant("moe_deepseek_v2", "linear(%x, @s_gate, _)", "linear(%routed, @s_gate, _)")
+        .replace("linear(%x, @s_up, _)", "linear(%routed, @s_up, _)"), "moe_shared",
+        "the shared expert does not run on the routed experts' tokens"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SHARED_REFUSED))
+def test_shared_expert_refusals_say_why(case):
+    """The routed experts still become `moe`; the shared expert stays beside it, and why."""
+    text, rule_name, reason = SHARED_REFUSED[case]
+    graph, _ = fuse_text(text)
+    (node,) = [n for n in graph.nodes if n.op == "moe"]
+    assert len(node.inputs) == 7
+    verdicts = dict(explain(graph, "out", ALL_RULES))
+    assert verdicts.get(rule_name) == reason, verdicts

@@ -55,7 +55,7 @@ RANK1 = """graph moe_block_rank1 {
   %arange: i64[2] = arange() {start=0, end=2, step=1, dtype=i64}
   %eq: bool[ep_rows0, 2] = eq(%reshape, %arange)
   %cast: f32[ep_rows0, 2] = cast(%eq) {dtype=f32}
-  %y.local: f32[ep_rows0, 8] = moe(%y.rows, %cast, @gate_up, @down, @gate_up_b, @down_b, _) {top_k=1, routing="topk_softmax", normalize=false, normalize_eps=0.0, scale=1.0, activation="silu"}
+  %y.local: f32[ep_rows0, 8] = moe(%y.rows, %cast, @gate_up, @down, @gate_up_b, @down_b, _) {top_k=1, routing="topk_softmax", normalize=false, normalize_eps=0.0, scale=1.0, activation="silu", n_group=1, topk_group=1, group_top=1, group_fill=-inf}
   %y: f32[s0, 8] = expert_combine(%y.local, %y.sources, %div, %topk_0) {axis="ep", experts=4, ranks=[0, 1]}
   %out: f32[s0, 8] = add(%y, %x)
   return %out
