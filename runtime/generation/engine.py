@@ -56,6 +56,14 @@ class StepRunner:
         # the pools are checked once here; a step validates only its index inputs
         self._step = model.with_fixed_inputs(self._pools)
 
+    def commit_cache(self) -> None:
+        """Touch every page of the pool now. numpy's zeros are pages the system hands out on
+        first write, so a pool otherwise grows in memory with the most blocks ever in use at
+        once; a server commits it at start so its memory does not grow with load."""
+        for pool in (self.cache.keys, self.cache.values, self.cache.scales):
+            if pool is not None:
+                pool.fill(0)
+
     @property
     def cache_bytes(self) -> int:
         return self.allocator.num_blocks * self.layout.block_bytes

@@ -22,6 +22,8 @@ from ..sampling import SamplingParams, next_tokens
 from .engine import StepRunner
 from .step import StepPart
 
+GREEDY = SamplingParams()
+
 
 @dataclass(eq=False)
 class Sequence:
@@ -100,8 +102,9 @@ class Scheduler:
             self.on_step(sum(n for _, n in members), len(members))
         for seq, n in members:
             seq.cached += n
-        return [self._advance(members[i][0], logits[row:row + 1])
-                for row, i in enumerate(rows) if parts[i].logits]
+        wanted = [(members[i][0], row) for row, i in enumerate(rows) if parts[i].logits]
+        return [self._advance(seq, token)
+                for (seq, _), token in zip(wanted, self._sample(wanted, logits))]
 
     # -- planning -----------------------------------------------------------------------------
     def _plan(self) -> list[tuple[Sequence, int]]:
@@ -155,8 +158,24 @@ class Scheduler:
             self.waiting.remove(seq)
 
     # -- tokens -------------------------------------------------------------------------------
-    def _advance(self, seq: Sequence, logits: np.ndarray) -> TokenEvent:
-        token = int(next_tokens(logits, seq.sampling, seq.rng)[0])
+    @staticmethod
+    def _sample(wanted: list[tuple[Sequence, int]], logits: np.ndarray) -> list[int]:
+        """Each sequence's next token from its logits row. The greedy rows go through one
+        argmax together (a row's argmax does not depend on the others, so batching keeps
+        every answer token-identical to the request alone); a sampled row draws from its own
+        generator, alone."""
+        tokens = [0] * len(wanted)
+        greedy = [k for k, (seq, _) in enumerate(wanted) if not seq.sampling.do_sample]
+        if greedy:
+            picks = next_tokens(logits[[wanted[k][1] for k in greedy]], GREEDY)
+            for k, token in zip(greedy, picks.tolist()):
+                tokens[k] = token
+        for k, (seq, row) in enumerate(wanted):
+            if seq.sampling.do_sample:
+                tokens[k] = int(next_tokens(logits[row:row + 1], seq.sampling, seq.rng)[0])
+        return tokens
+
+    def _advance(self, seq: Sequence, token: int) -> TokenEvent:
         seq.tokens.append(token)
         if token in seq.eos_token_ids:
             seq.finish_reason = "stop"

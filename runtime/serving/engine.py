@@ -89,6 +89,8 @@ class Engine:
         self.ready = threading.Event()
         self.failure: str | None = None
         self._preemptions = 0
+        # deltas of this turn of the loop, by event loop: handed over in one call per loop
+        self._outbox: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Delta]]] = {}
         self.thread = threading.Thread(target=self._run, name="dayzero-engine", daemon=True)
 
     # -- the callers' side (any thread) ------------------------------------------------------
@@ -157,11 +159,19 @@ class Engine:
             log.exception("the model failed its warm-up generation")
             return
         self.ready.set()
-        while self._take_commands(block=self.scheduler.idle):
+        clock = _PhaseClock(self.metrics.engine_seconds)
+        while True:
+            idle = self.scheduler.idle
+            running = self._take_commands(block=idle)
+            clock.lap("idle" if idle else "commands")
+            if not running:
+                break
             if self.scheduler.idle:
+                self._flush()
                 continue
             try:
                 events = self.scheduler.step()
+                clock.lap("step")
                 now = time.perf_counter()
                 for event in events:
                     self._emit(event, now)
@@ -169,7 +179,10 @@ class Engine:
                 log.exception("a generation step failed")
                 self._end_all("error", f"the generation step failed: {type(exc).__name__}: "
                               f"{exc}")
+            self._flush()
             self._gauges()
+            clock.lap("stream")
+        self._flush()
 
     def _warm_up(self) -> None:
         spec = self.model.spec
@@ -180,6 +193,10 @@ class Engine:
         self.scheduler.add(warm)
         for _ in self.scheduler.run():
             pass
+        # the pool's pages are taken now, not as load first reaches them: the server's memory
+        # after start-up is what it keeps under any load
+        self.model.runner.commit_cache()
+        self.scheduler.on_step = self._count_step
         if getattr(self.model, "vision", None) is not None:
             _ = self.model.vision.model  # the vision encoder, loaded before /health says ok
         log.info("warmed up: vocabulary %d, context %d, KV cache %d blocks", spec.vocab_size,
@@ -258,12 +275,23 @@ class Engine:
             with self.lock:
                 self.queued -= 1
 
-    @staticmethod
-    def _send(job: Job, delta: Delta) -> None:
-        try:
-            job.loop.call_soon_threadsafe(job.events.put_nowait, delta)
-        except RuntimeError:  # the event loop has closed: nobody is listening
-            pass
+    def _send(self, job: Job, delta: Delta) -> None:
+        self._outbox.setdefault(job.loop, []).append((job.events, delta))
+
+    def _flush(self) -> None:
+        """Hand this turn's deltas to their event loops: one wake-up per loop and step, not
+        one per token (each is a write to the loop's self-pipe and a turn of that loop)."""
+        outbox, self._outbox = self._outbox, {}
+        for loop, deltas in outbox.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, deltas)
+            except RuntimeError:  # the event loop has closed: nobody is listening
+                pass
+
+    def _count_step(self, tokens: int, sequences: int) -> None:
+        self.metrics.steps.inc()
+        self.metrics.step_tokens.inc(tokens)
+        self.metrics.step_sequences.inc(sequences)
 
     def _gauges(self) -> None:
         m, scheduler = self.metrics, self.scheduler
@@ -274,3 +302,23 @@ class Engine:
         if scheduler.preemptions > self._preemptions:
             m.preemptions.inc(scheduler.preemptions - self._preemptions)
             self._preemptions = scheduler.preemptions
+
+
+def _deliver(deltas: list[tuple[asyncio.Queue, Delta]]) -> None:
+    for events, delta in deltas:
+        events.put_nowait(delta)
+
+
+class _PhaseClock:
+    """Adds the engine thread's time to `counter` by phase: `step` (planning, the model,
+    sampling), `stream` (detokenizing and handing tokens to the requests), `commands`
+    (admissions and cancellations) and `idle` (waiting for a request)."""
+
+    def __init__(self, counter):
+        self.counter = counter
+        self.last = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.counter.labels(phase).inc(now - self.last)
+        self.last = now

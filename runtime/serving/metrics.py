@@ -36,6 +36,18 @@ class Metrics:
                                      registry=r)
         self.generated_tokens = Counter("dayzero_generation_tokens", "Tokens generated",
                                         registry=r)
+        # where the engine thread's time goes, and how full its steps are
+        self.engine_seconds = Counter("dayzero_engine_seconds", "The engine thread's time by "
+                                      "phase: step (planning, the model, sampling), stream "
+                                      "(handing tokens to requests), commands (admissions, "
+                                      "cancellations), idle (waiting for a request)",
+                                      ["phase"], registry=r)
+        self.steps = Counter("dayzero_steps", "Batched steps run", registry=r)
+        self.step_tokens = Counter("dayzero_step_tokens", "Tokens the steps ran (prompt "
+                                   "chunks and decoded tokens)", registry=r)
+        self.step_sequences = Counter("dayzero_step_sequences", "Sequences in the steps, summed "
+                                      "over steps (divided by dayzero_steps_total: the mean "
+                                      "batch)", registry=r)
 
     def render(self) -> tuple[bytes, str]:
         """The Prometheus text exposition and its content type."""
