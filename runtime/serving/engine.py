@@ -89,6 +89,7 @@ class Engine:
         self.ready = threading.Event()
         self.failure: str | None = None
         self._preemptions = 0
+        self._kv_peak = 0
         # deltas of this turn of the loop, by event loop: handed over in one call per loop
         self._outbox: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Delta]]] = {}
         self.thread = threading.Thread(target=self._run, name="dayzero-engine", daemon=True)
@@ -292,6 +293,10 @@ class Engine:
         self.metrics.steps.inc()
         self.metrics.step_tokens.inc(tokens)
         self.metrics.step_sequences.inc(sequences)
+        used = self.scheduler.allocator.used  # before the step's finished sequences free theirs
+        if used > self._kv_peak:
+            self._kv_peak = used
+            self.metrics.kv_peak.set(used)
 
     def _gauges(self) -> None:
         m, scheduler = self.metrics, self.scheduler

@@ -30,6 +30,8 @@ class Metrics:
         self.kv_used = Gauge("dayzero_kv_blocks_used", "KV cache blocks held by sequences",
                              registry=r)
         self.kv_free = Gauge("dayzero_kv_blocks_free", "KV cache blocks free", registry=r)
+        self.kv_peak = Gauge("dayzero_kv_blocks_peak", "The most KV cache blocks held at once "
+                             "since start-up", registry=r)
         self.preemptions = Counter("dayzero_preemptions", "Sequences preempted (blocks freed, "
                                    "recomputed later) when the KV cache ran out", registry=r)
         self.prompt_tokens = Counter("dayzero_prompt_tokens", "Prompt tokens admitted",
