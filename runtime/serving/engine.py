@@ -18,6 +18,8 @@ then on, and requests are read only from then on: their checks need the cache's 
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
 import logging
 import queue
 import threading
@@ -182,6 +184,8 @@ class Engine:
                               f"{exc}")
             self._flush()
             self._gauges()
+            if self.scheduler.idle:  # the load has passed: hand freed heap pages back
+                _trim_heap()
             clock.lap("stream")
         self._flush()
 
@@ -327,3 +331,22 @@ class _PhaseClock:
         now = time.perf_counter()
         self.counter.labels(phase).inc(now - self.last)
         self.last = now
+
+
+def _glibc_trim():
+    """glibc's malloc_trim, or None (another C library, or none found)."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+_MALLOC_TRIM = _glibc_trim()
+
+
+def _trim_heap() -> None:
+    """Return the C heap's free pages to the system. A step's buffers come and go from
+    several threads (the model's, this one, the event loop's), and glibc keeps what they free
+    in per-thread arenas; without a trim the process keeps the pages of its busiest moment."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
