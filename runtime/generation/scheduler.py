@@ -167,8 +167,8 @@ class Scheduler:
         tokens = [0] * len(wanted)
         greedy = [k for k, (seq, _) in enumerate(wanted) if not seq.sampling.do_sample]
         if greedy:
-            picks = next_tokens(logits[[wanted[k][1] for k in greedy]], GREEDY)
-            for k, token in zip(greedy, picks.tolist()):
+            rows = [wanted[k][1] for k in greedy]
+            for k, token in zip(greedy, _argmax_rows(logits, rows).tolist()):
                 tokens[k] = token
         for k, (seq, row) in enumerate(wanted):
             if seq.sampling.do_sample:
@@ -184,3 +184,14 @@ class Scheduler:
         if seq.finished:
             self._drop(seq)
         return TokenEvent(seq, token)
+
+
+def _argmax_rows(logits: np.ndarray, rows: list[int]) -> np.ndarray:
+    """`next_tokens(logits[rows], greedy)` in one pass over the rows (no copy when they are
+    the first ones in order): argmax takes a NaN for the maximum, so a row holding one shows
+    it at its pick, and only then does `next_tokens` run, to raise its error."""
+    chosen = logits[:len(rows)] if rows == list(range(len(rows))) else logits[rows]
+    picks = np.argmax(chosen, axis=1)
+    if np.isnan(chosen[np.arange(len(rows)), picks]).any():
+        return next_tokens(chosen, GREEDY)
+    return picks

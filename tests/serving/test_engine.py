@@ -5,7 +5,9 @@ server's memory does not grow as load first reaches more blocks)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+from compiler.errors import InputError
 from runtime.generation.scheduler import Scheduler, Sequence
 from runtime.sampling import SamplingParams
 
@@ -79,3 +81,17 @@ def _rss() -> int:
     with open("/proc/self/status") as status:
         return next(int(line.split()[1]) * 1024 for line in status
                     if line.startswith("VmRSS:"))
+
+
+def test_a_steps_greedy_rows_pick_the_first_maximum_and_refuse_nan():
+    logits = np.array([[0.0, 2.0, 2.0], [5.0, 1.0, 0.0], [0.0, 0.0, 3.0], [np.nan, 0.0, 9.0]],
+                      np.float32)
+    greedy = [Sequence([1], 4) for _ in range(3)]
+    # rows out of order and the NaN row not asked for: picks as torch.argmax, no error
+    assert Scheduler._sample([(greedy[0], 2), (greedy[1], 0), (greedy[2], 1)], logits) == \
+        [2, 1, 0]
+    with pytest.raises(InputError, match="contain NaN"):
+        Scheduler._sample([(greedy[0], 0), (greedy[1], 3)], logits)
+    with pytest.raises(InputError, match="contain NaN"):
+        Scheduler._sample([(greedy[0], 0), (greedy[1], 1), (greedy[2], 2), (greedy[0], 3)],
+                          logits)
