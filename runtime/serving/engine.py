@@ -194,19 +194,33 @@ class Engine:
         self.scheduler = Scheduler(self.model.runner, self.max_batch_tokens)
         bos = (self.model.tokenizer.tokenizer.token_to_id(self.model.tokenizer.bos_token)
                if self.model.tokenizer is not None and self.model.tokenizer.bos_token else None)
-        warm = Sequence([bos if bos is not None else 0], 1)
-        self.scheduler.add(warm)
-        for _ in self.scheduler.run():
-            pass
+        token = bos if bos is not None else 0
+        # one token, then one step as large as the token budget allows: the model's buffers
+        # (ONNX Runtime's arena) reach their largest now, not under the first heavy load
+        for batch in ([Sequence([token], 1)], self._full_step(token)):
+            for warm in batch:
+                self.scheduler.add(warm)
+            for _ in self.scheduler.run():
+                pass
         # the pool's pages are taken now, not as load first reaches them: the server's memory
         # after start-up is what it keeps under any load
         self.model.runner.commit_cache()
+        _trim_heap()
         self.scheduler.on_step = self._count_step
         if getattr(self.model, "vision", None) is not None:
             _ = self.model.vision.model  # the vision encoder, loaded before /health says ok
         log.info("warmed up: vocabulary %d, context %d, KV cache %d blocks", spec.vocab_size,
                  spec.max_positions, self.scheduler.allocator.num_blocks)
         self._gauges()
+
+    def _full_step(self, token: int) -> list[Sequence]:
+        """Prompts that fill one step's token budget: chunk-long ones (within the context and
+        the KV pool), each answered with one token."""
+        scheduler = self.scheduler
+        length = max(1, min(scheduler.chunk, self.model.spec.max_positions - 1))
+        fit = scheduler.allocator.num_blocks // scheduler.allocator.blocks_needed(length)
+        count = max(1, min(-(-scheduler.budget // length), fit))
+        return [Sequence([token] * length, 1) for _ in range(count)]
 
     def _take_commands(self, block: bool) -> bool:
         """Apply every pending command (waiting for one when `block`); False on stop."""
