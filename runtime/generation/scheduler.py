@@ -11,6 +11,7 @@ cancelled sequence frees its blocks at once. `generate` and the server drive the
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -62,7 +63,9 @@ class Scheduler:
     def __init__(self, runner: StepRunner, max_batch_tokens: int | None = None,
                  prefill_chunk: int | None = None):
         self.runner = runner
-        self.budget = max_batch_tokens or runner.spec.max_batch_tokens
+        # a step packs no more tokens than the step graph was compiled for
+        self.budget = min(max_batch_tokens or runner.spec.max_batch_tokens,
+                          runner.max_step_tokens or math.inf)
         self.chunk = min(prefill_chunk or runner.spec.prefill_chunk, self.budget)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []

@@ -95,3 +95,14 @@ def test_a_steps_greedy_rows_pick_the_first_maximum_and_refuse_nan():
     with pytest.raises(InputError, match="contain NaN"):
         Scheduler._sample([(greedy[0], 0), (greedy[1], 1), (greedy[2], 2), (greedy[0], 3)],
                           logits)
+
+
+def test_a_step_packs_no_more_tokens_than_the_step_graph_takes(reference):
+    # the test artifact's step takes at most 256 tokens; its budget says 2048: three prompts
+    # of 120 tokens arriving together must not share one step of 360
+    assert reference.runner.max_step_tokens == 256
+    assert Scheduler(reference.runner).budget == 256
+    prompts = [[5 + (i + j) % 50 for j in range(120)] for i in range(3)]
+    together = reference.generate(prompts, max_new_tokens=3)[:, 120:].tolist()
+    assert together == [reference.generate([p], max_new_tokens=3)[0, 120:].tolist()
+                        for p in prompts]
