@@ -275,6 +275,26 @@ def metric(samples, name: str, **labels) -> float:
     return sum(v for (n, pairs), v in samples.items() if n == name and want <= set(pairs))
 
 
+PHASES = ("step", "stream", "commands", "idle")
+
+
+def engine_line(before: dict, after: dict, wall: float) -> str:
+    """Where the server's engine thread spent a run (two /metrics samples around it): its
+    steps, their mean batch and tokens, and the share of `wall` in each phase."""
+    def delta(name: str, **labels) -> float:
+        return metric(after, name, **labels) - metric(before, name, **labels)
+
+    steps = delta("dayzero_steps_total")
+    if steps == 0:
+        return "  engine: no steps"
+    shares = ", ".join(f"{phase} {delta('dayzero_engine_seconds_total', phase=phase) / wall:.0%}"
+                       for phase in PHASES)
+    step_s = delta("dayzero_engine_seconds_total", phase="step")
+    return (f"  engine: {steps:.0f} steps of {delta('dayzero_step_sequences_total') / steps:.1f} "
+            f"sequences and {delta('dayzero_step_tokens_total') / steps:.0f} tokens, "
+            f"{step_s / steps * 1e3:.1f} ms each; of the wall time: {shares}")
+
+
 def rss_verdict(before: int, after: int, tolerance: float = 0.05) -> str:
     change = (after - before) / before
     verdict = "met" if abs(change) <= tolerance else "MISSED"
@@ -621,12 +641,14 @@ def load_levels(args, server: Server, requests: list[Req]
     asyncio.run(run_load(server.base, server.model_name, warm, 2, args.timeout))
     results, summaries = {}, {}
     for concurrency in args.concurrency:
+        before = server.metrics()
         outcomes, wall, cut = asyncio.run(run_load(server.base, server.model_name, requests,
                                                    concurrency, args.timeout))
         results[concurrency] = outcomes
         summaries[concurrency] = s = summarize(outcomes, wall)
         print(summary_line(f"c={concurrency}", s) + (f"  CUT at --timeout {args.timeout:.0f} s"
                                                      if cut else ""))
+        print(engine_line(before, server.metrics(), wall))
     samples = server.wait_idle()
     print(f"  server: preemptions {metric(samples, 'dayzero_preemptions_total'):.0f}, KV "
           f"blocks used when idle {metric(samples, 'dayzero_kv_blocks_used'):.0f}, RSS "
@@ -642,7 +664,7 @@ def soak(args, server: Server, pool: list[Req]) -> None:
     outcomes, wall, _ = asyncio.run(run_load(server.base, server.model_name, pool, concurrency,
                                              args.timeout))
     print(summary_line("warm-up", summarize(outcomes, wall)))
-    server.wait_idle()
+    peak_before = metric(server.wait_idle(), "dayzero_kv_blocks_peak")
     rss_before = vm_rss(server.pid)
     outcomes, wall = asyncio.run(run_soak(server.base, server.model_name, pool, concurrency,
                                           args.soak, args.cancel_fraction, args.seed + 1,
@@ -653,7 +675,9 @@ def soak(args, server: Server, pool: list[Req]) -> None:
     used = metric(samples, "dayzero_kv_blocks_used")
     free = metric(samples, "dayzero_kv_blocks_free")
     print(f"  KV blocks used {used:.0f} of {used + free:.0f} once idle; target 0: "
-          f"{'met' if used == 0 else 'MISSED'}")
+          f"{'met' if used == 0 else 'MISSED'}; the most in use at once "
+          f"{peak_before:.0f} after the warm-up, {metric(samples, 'dayzero_kv_blocks_peak'):.0f}"
+          f" after the soak")
     print(rss_verdict(rss_before, rss_after))
     cancelled_server = metric(samples, "dayzero_sequences_finished_total", reason="cancelled")
     print(f"  server counted {cancelled_server:.0f} cancelled sequences in all; the client "

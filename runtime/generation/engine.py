@@ -47,6 +47,15 @@ class StepRunner:
                                 "the artifact is corrupted; recompile it")
         # the pools are checked once here; a step validates only its index inputs
         self._step = model.with_fixed_inputs(self._pools)
+        self.max_step_tokens = _token_bound(model.input_specs)
+
+    def commit_cache(self) -> None:
+        """Touch every page of the pool now. numpy's zeros are pages the system hands out on
+        first write, so a pool otherwise grows in memory with the most blocks ever in use at
+        once; a server commits it at start so its memory does not grow with load."""
+        for pool in (self.cache.keys, self.cache.values, self.cache.scales):
+            if pool is not None:
+                pool.fill(0)
 
     @property
     def cache_bytes(self) -> int:
@@ -72,6 +81,16 @@ class StepRunner:
         """The step graph's outputs for these index inputs (`build_step`'s feeds; those the
         graph does not take are left out) over the pools."""
         return self._step(**{s.name: feeds[s.name] for s in self._step.free_specs})
+
+
+def _token_bound(specs) -> int | None:
+    """The most tokens one step may pack: the upper end of the compiled range of
+    `input_ids`' token dim (None when it is unbounded)."""
+    ids = next((s for s in specs if s.name == "input_ids"), None)
+    dim = ids.shape[-1] if ids is not None else None
+    if isinstance(dim, int):
+        return dim
+    return ids.ranges.get(dim, (1, None))[1] if dim is not None else None
 
 
 _STEP_INPUTS = frozenset({"input_ids", "positions", "seq_slots", "token_seq", "token_len",

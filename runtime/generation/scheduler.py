@@ -11,6 +11,7 @@ cancelled sequence frees its blocks at once. `generate` and the server drive the
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -21,6 +22,8 @@ import numpy as np
 from ..sampling import SamplingParams, next_tokens
 from .engine import StepRunner
 from .step import StepPart
+
+GREEDY = SamplingParams()
 
 
 @dataclass(eq=False)
@@ -60,7 +63,9 @@ class Scheduler:
     def __init__(self, runner: StepRunner, max_batch_tokens: int | None = None,
                  prefill_chunk: int | None = None):
         self.runner = runner
-        self.budget = max_batch_tokens or runner.spec.max_batch_tokens
+        # a step packs no more tokens than the step graph was compiled for
+        self.budget = min(max_batch_tokens or runner.spec.max_batch_tokens,
+                          runner.max_step_tokens or math.inf)
         self.chunk = min(prefill_chunk or runner.spec.prefill_chunk, self.budget)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -100,8 +105,9 @@ class Scheduler:
             self.on_step(sum(n for _, n in members), len(members))
         for seq, n in members:
             seq.cached += n
-        return [self._advance(members[i][0], logits[row:row + 1])
-                for row, i in enumerate(rows) if parts[i].logits]
+        wanted = [(members[i][0], row) for row, i in enumerate(rows) if parts[i].logits]
+        return [self._advance(seq, token)
+                for (seq, _), token in zip(wanted, self._sample(wanted, logits))]
 
     # -- planning -----------------------------------------------------------------------------
     def _plan(self) -> list[tuple[Sequence, int]]:
@@ -155,8 +161,24 @@ class Scheduler:
             self.waiting.remove(seq)
 
     # -- tokens -------------------------------------------------------------------------------
-    def _advance(self, seq: Sequence, logits: np.ndarray) -> TokenEvent:
-        token = int(next_tokens(logits, seq.sampling, seq.rng)[0])
+    @staticmethod
+    def _sample(wanted: list[tuple[Sequence, int]], logits: np.ndarray) -> list[int]:
+        """Each sequence's next token from its logits row. The greedy rows go through one
+        argmax together (a row's argmax does not depend on the others, so batching keeps
+        every answer token-identical to the request alone); a sampled row draws from its own
+        generator, alone."""
+        tokens = [0] * len(wanted)
+        greedy = [k for k, (seq, _) in enumerate(wanted) if not seq.sampling.do_sample]
+        if greedy:
+            rows = [wanted[k][1] for k in greedy]
+            for k, token in zip(greedy, _argmax_rows(logits, rows).tolist()):
+                tokens[k] = token
+        for k, (seq, row) in enumerate(wanted):
+            if seq.sampling.do_sample:
+                tokens[k] = int(next_tokens(logits[row:row + 1], seq.sampling, seq.rng)[0])
+        return tokens
+
+    def _advance(self, seq: Sequence, token: int) -> TokenEvent:
         seq.tokens.append(token)
         if token in seq.eos_token_ids:
             seq.finish_reason = "stop"
@@ -165,3 +187,14 @@ class Scheduler:
         if seq.finished:
             self._drop(seq)
         return TokenEvent(seq, token)
+
+
+def _argmax_rows(logits: np.ndarray, rows: list[int]) -> np.ndarray:
+    """`next_tokens(logits[rows], greedy)` in one pass over the rows (no copy when they are
+    the first ones in order): argmax takes a NaN for the maximum, so a row holding one shows
+    it at its pick, and only then does `next_tokens` run, to raise its error."""
+    chosen = logits[:len(rows)] if rows == list(range(len(rows))) else logits[rows]
+    picks = np.argmax(chosen, axis=1)
+    if np.isnan(chosen[np.arange(len(rows)), picks]).any():
+        return next_tokens(chosen, GREEDY)
+    return picks

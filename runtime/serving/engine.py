@@ -18,6 +18,8 @@ then on, and requests are read only from then on: their checks need the cache's 
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
 import logging
 import queue
 import threading
@@ -89,6 +91,9 @@ class Engine:
         self.ready = threading.Event()
         self.failure: str | None = None
         self._preemptions = 0
+        self._kv_peak = 0
+        # deltas of this turn of the loop, by event loop: handed over in one call per loop
+        self._outbox: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Delta]]] = {}
         self.thread = threading.Thread(target=self._run, name="dayzero-engine", daemon=True)
 
     # -- the callers' side (any thread) ------------------------------------------------------
@@ -157,11 +162,19 @@ class Engine:
             log.exception("the model failed its warm-up generation")
             return
         self.ready.set()
-        while self._take_commands(block=self.scheduler.idle):
+        clock = _PhaseClock(self.metrics.engine_seconds)
+        while True:
+            idle = self.scheduler.idle
+            running = self._take_commands(block=idle)
+            clock.lap("idle" if idle else "commands")
+            if not running:
+                break
             if self.scheduler.idle:
+                self._flush()
                 continue
             try:
                 events = self.scheduler.step()
+                clock.lap("step")
                 now = time.perf_counter()
                 for event in events:
                     self._emit(event, now)
@@ -169,22 +182,45 @@ class Engine:
                 log.exception("a generation step failed")
                 self._end_all("error", f"the generation step failed: {type(exc).__name__}: "
                               f"{exc}")
+            self._flush()
             self._gauges()
+            if self.scheduler.idle:  # the load has passed: hand freed heap pages back
+                _trim_heap()
+            clock.lap("stream")
+        self._flush()
 
     def _warm_up(self) -> None:
         spec = self.model.spec
         self.scheduler = Scheduler(self.model.runner, self.max_batch_tokens)
         bos = (self.model.tokenizer.tokenizer.token_to_id(self.model.tokenizer.bos_token)
                if self.model.tokenizer is not None and self.model.tokenizer.bos_token else None)
-        warm = Sequence([bos if bos is not None else 0], 1)
-        self.scheduler.add(warm)
-        for _ in self.scheduler.run():
-            pass
+        token = bos if bos is not None else 0
+        # one token, then one step as large as the token budget allows: the model's buffers
+        # (ONNX Runtime's arena) reach their largest now, not under the first heavy load
+        for batch in ([Sequence([token], 1)], self._full_step(token)):
+            for warm in batch:
+                self.scheduler.add(warm)
+            for _ in self.scheduler.run():
+                pass
+        # the pool's pages are taken now, not as load first reaches them: the server's memory
+        # after start-up is what it keeps under any load
+        self.model.runner.commit_cache()
+        _trim_heap()
+        self.scheduler.on_step = self._count_step
         if getattr(self.model, "vision", None) is not None:
             _ = self.model.vision.model  # the vision encoder, loaded before /health says ok
         log.info("warmed up: vocabulary %d, context %d, KV cache %d blocks", spec.vocab_size,
                  spec.max_positions, self.scheduler.allocator.num_blocks)
         self._gauges()
+
+    def _full_step(self, token: int) -> list[Sequence]:
+        """Prompts that fill one step's token budget: chunk-long ones (within the context and
+        the KV pool), each answered with one token."""
+        scheduler = self.scheduler
+        length = max(1, min(scheduler.chunk, self.model.spec.max_positions - 1))
+        fit = scheduler.allocator.num_blocks // scheduler.allocator.blocks_needed(length)
+        count = max(1, min(-(-scheduler.budget // length), fit))
+        return [Sequence([token] * length, 1) for _ in range(count)]
 
     def _take_commands(self, block: bool) -> bool:
         """Apply every pending command (waiting for one when `block`); False on stop."""
@@ -258,12 +294,27 @@ class Engine:
             with self.lock:
                 self.queued -= 1
 
-    @staticmethod
-    def _send(job: Job, delta: Delta) -> None:
-        try:
-            job.loop.call_soon_threadsafe(job.events.put_nowait, delta)
-        except RuntimeError:  # the event loop has closed: nobody is listening
-            pass
+    def _send(self, job: Job, delta: Delta) -> None:
+        self._outbox.setdefault(job.loop, []).append((job.events, delta))
+
+    def _flush(self) -> None:
+        """Hand this turn's deltas to their event loops: one wake-up per loop and step, not
+        one per token (each is a write to the loop's self-pipe and a turn of that loop)."""
+        outbox, self._outbox = self._outbox, {}
+        for loop, deltas in outbox.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, deltas)
+            except RuntimeError:  # the event loop has closed: nobody is listening
+                pass
+
+    def _count_step(self, tokens: int, sequences: int) -> None:
+        self.metrics.steps.inc()
+        self.metrics.step_tokens.inc(tokens)
+        self.metrics.step_sequences.inc(sequences)
+        used = self.scheduler.allocator.used  # before the step's finished sequences free theirs
+        if used > self._kv_peak:
+            self._kv_peak = used
+            self.metrics.kv_peak.set(used)
 
     def _gauges(self) -> None:
         m, scheduler = self.metrics, self.scheduler
@@ -274,3 +325,42 @@ class Engine:
         if scheduler.preemptions > self._preemptions:
             m.preemptions.inc(scheduler.preemptions - self._preemptions)
             self._preemptions = scheduler.preemptions
+
+
+def _deliver(deltas: list[tuple[asyncio.Queue, Delta]]) -> None:
+    for events, delta in deltas:
+        events.put_nowait(delta)
+
+
+class _PhaseClock:
+    """Adds the engine thread's time to `counter` by phase: `step` (planning, the model,
+    sampling), `stream` (detokenizing and handing tokens to the requests), `commands`
+    (admissions and cancellations) and `idle` (waiting for a request)."""
+
+    def __init__(self, counter):
+        self.counter = counter
+        self.last = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.counter.labels(phase).inc(now - self.last)
+        self.last = now
+
+
+def _glibc_trim():
+    """glibc's malloc_trim, or None (another C library, or none found)."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+_MALLOC_TRIM = _glibc_trim()
+
+
+def _trim_heap() -> None:
+    """Return the C heap's free pages to the system. A step's buffers come and go from
+    several threads (the model's, this one, the event loop's), and glibc keeps what they free
+    in per-thread arenas; without a trim the process keeps the pages of its busiest moment."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)

@@ -30,12 +30,26 @@ class Metrics:
         self.kv_used = Gauge("dayzero_kv_blocks_used", "KV cache blocks held by sequences",
                              registry=r)
         self.kv_free = Gauge("dayzero_kv_blocks_free", "KV cache blocks free", registry=r)
+        self.kv_peak = Gauge("dayzero_kv_blocks_peak", "The most KV cache blocks held at once "
+                             "since start-up", registry=r)
         self.preemptions = Counter("dayzero_preemptions", "Sequences preempted (blocks freed, "
                                    "recomputed later) when the KV cache ran out", registry=r)
         self.prompt_tokens = Counter("dayzero_prompt_tokens", "Prompt tokens admitted",
                                      registry=r)
         self.generated_tokens = Counter("dayzero_generation_tokens", "Tokens generated",
                                         registry=r)
+        # where the engine thread's time goes, and how full its steps are
+        self.engine_seconds = Counter("dayzero_engine_seconds", "The engine thread's time by "
+                                      "phase: step (planning, the model, sampling), stream "
+                                      "(handing tokens to requests), commands (admissions, "
+                                      "cancellations), idle (waiting for a request)",
+                                      ["phase"], registry=r)
+        self.steps = Counter("dayzero_steps", "Batched steps run", registry=r)
+        self.step_tokens = Counter("dayzero_step_tokens", "Tokens the steps ran (prompt "
+                                   "chunks and decoded tokens)", registry=r)
+        self.step_sequences = Counter("dayzero_step_sequences", "Sequences in the steps, summed "
+                                      "over steps (divided by dayzero_steps_total: the mean "
+                                      "batch)", registry=r)
 
     def render(self) -> tuple[bytes, str]:
         """The Prometheus text exposition and its content type."""

@@ -130,6 +130,22 @@ def test_the_servers_metrics_parse(bench):
                                          ("plain", ()): 4.0}
 
 
+def test_the_engine_line_shares_the_wall_time_by_phase(bench):
+    from runtime.serving.metrics import Metrics
+
+    m = Metrics()
+    before = bench.parse_metrics(m.render()[0].decode())
+    m.steps.inc(40)
+    m.step_sequences.inc(300)
+    m.step_tokens.inc(1000)
+    for phase, seconds in (("step", 2.0), ("stream", 0.5), ("commands", 0.1), ("idle", 1.4)):
+        m.engine_seconds.labels(phase).inc(seconds)
+    line = bench.engine_line(before, bench.parse_metrics(m.render()[0].decode()), 4.0)
+    assert line == ("  engine: 40 steps of 7.5 sequences and 25 tokens, 50.0 ms each; of the "
+                    "wall time: step 50%, stream 12%, commands 2%, idle 35%")
+    assert bench.engine_line(before, before, 4.0) == "  engine: no steps"
+
+
 def test_the_rss_check_allows_five_percent(bench):
     assert bench.rss_verdict(1000 << 20, 1040 << 20).endswith("met")
     line = bench.rss_verdict(1000 << 20, 1060 << 20)
