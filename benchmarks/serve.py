@@ -738,6 +738,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="also transformers' and ORT GenAI's static batches of 8")
     p.add_argument("--reuse-build", action="store_true",
                    help="serve the artifact an earlier run left in --workdir (not rebuilt)")
+    p.add_argument("--server-spinning", choices=("true", "false"), default="true",
+                   help="the server's ORT session spins (the one-at-a-time run always does)")
     p.add_argument("--skip-single", action="store_true",
                    help="skip the in-process one-at-a-time run (and the verdicts)")
     args = p.parse_args(argv)
@@ -750,9 +752,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{lengths[0]}-{lengths[-1]} tokens ({sum(n >= 1000 for n in lengths)} long), "
           f"max_tokens {low}-{high}; {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}")
     folder, artifact, gen = build(args)
-    # spinning on in the server and the one-at-a-time run alike (`auto` reads the load average,
-    # which the previous level leaves high)
-    extra = ["--session", "allow_spinning=true"]
+    # spinning on in the server and the one-at-a-time run alike by default (`auto` reads the load
+    # average, which the previous level leaves high); `--server-spinning false` tries the server
+    # with sleeping ORT threads, which leaves the cores to its event loop and the clients
+    extra = ["--session", f"allow_spinning={args.server_spinning}"]
     extra += ["--max-queue", str(args.max_queue)] if args.max_queue else []
     server = Server(artifact, Path(args.workdir), extra, args.startup_timeout)
     print(f"  server pid {server.pid} on {server.base}, log {server.log_path}")
