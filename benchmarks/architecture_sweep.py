@@ -134,6 +134,7 @@ def build(arch: Arch) -> tuple[Any, tuple, Any]:
         config = shrink(cls.config_class())
         torch.manual_seed(0)
         model = cls(config).eval()
+        randomize_zero_matrices(model)
         inputs = _inputs(arch, config, SEQ_LENGTHS[0])
         module, values = wrap_pretrained(model, inputs, arch.cls)
         with torch.no_grad():
@@ -143,6 +144,23 @@ def build(arch: Arch) -> tuple[Any, tuple, Any]:
     if arch.mapping == "image-classification":
         return module, values, None
     return module, values, ({1: Dim("seq", min=2, max=MAX_SEQ)},)
+
+
+def randomize_zero_matrices(model: Any, std: float = 0.02) -> list[str]:
+    """Weights of rank >= 2 that the model's init left all zero get normal(0, std) values; their
+    names. A zero router gate (AFMoE's init) scores every expert alike, and the order topk picks
+    among equal scores is unspecified (torch's CPU kernel and onnxruntime's differ), so such a
+    model compared the tie-breaking, not the compile. Trained weights have no all-zero matrices;
+    vectors (biases, norm scales, expert biases) keep their init."""
+    import torch
+
+    names = []
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2 and p.is_floating_point() and not p.any():
+                p.normal_(0.0, std)
+                names.append(name)
+    return names
 
 
 def _inputs(arch: Arch, config: Any, seq: int) -> dict[str, Any]:

@@ -165,3 +165,22 @@ def test_the_docs_section_survives_opdoc_and_replaces_itself(sw):
     again = sw.write_docs(written, sw.docs_section(results[:1], "python x", 1))
     assert again.count(sw.BEGIN) == 1 and "MixtralForCausalLM" not in again
     assert opdoc.render() in again
+
+
+def test_zero_initialized_matrices_get_random_values(sw):
+    """AFMoE zero-inits its router gate: every expert scores alike, topk's choice among equal
+    scores is unspecified, and the sweep compared tie-breaking (a mismatch on onnxruntime)."""
+    import torch
+    from transformers import AfmoeConfig, AfmoeForCausalLM
+
+    torch.manual_seed(0)
+    model = AfmoeForCausalLM(shrink(AfmoeConfig())).eval()
+    gate = model.model.layers[1].mlp.router.gate.weight
+    bias = model.model.layers[1].mlp.expert_bias
+    assert not gate.any()
+    names = sw.randomize_zero_matrices(model)
+    assert "model.layers.1.mlp.router.gate.weight" in names
+    assert gate.any() and 0.01 < float(gate.std()) < 0.04
+    assert not bias.any()  # vectors keep their init
+    scores = torch.sigmoid(model.model.layers[1].mlp.router.gate(torch.randn(8, 64)))
+    assert len(set(scores.flatten().tolist())) == scores.numel()  # no ties left to break
