@@ -184,3 +184,17 @@ def test_zero_initialized_matrices_get_random_values(sw):
     assert not bias.any()  # vectors keep their init
     scores = torch.sigmoid(model.model.layers[1].mlp.router.gate(torch.randn(8, 64)))
     assert len(set(scores.flatten().tolist())) == scores.numel()  # no ties left to break
+
+
+def test_unset_expert_counts_are_set_where_the_default_does_not_build(sw):
+    """dots.llm1's default config leaves its routed and shared experts None and does not build
+    (torch.empty(None, ...)); Gemma 4's unset num_experts means dense and stays so."""
+    import torch
+    from transformers import Dots1Config, Dots1ForCausalLM, Gemma4TextConfig
+
+    dots = shrink(Dots1Config())
+    assert (dots.n_routed_experts, dots.n_shared_experts, dots.num_experts_per_tok) == (4, 1, 2)
+    model = Dots1ForCausalLM(dots).eval()
+    with torch.no_grad():
+        assert model(torch.randint(0, 512, (1, 8))).logits.shape == (1, 8, 512)
+    assert shrink(Gemma4TextConfig()).num_experts is None
