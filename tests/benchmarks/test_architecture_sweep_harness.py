@@ -198,3 +198,16 @@ def test_unset_expert_counts_are_set_where_the_default_does_not_build(sw):
     with torch.no_grad():
         assert model(torch.randint(0, 512, (1, 8))).logits.shape == (1, 8, 512)
     assert shrink(Gemma4TextConfig()).num_experts is None
+
+
+def test_ernie_moe_top_k_fits_the_shrunk_experts(sw):
+    """ERNIE 4.5 MoE names its top-k `moe_k` (6 by default): 6 of 4 shrunk experts made topk
+    fail in eager ('selected index k out of range'), so the sweep skipped an MoE model."""
+    import torch
+    from transformers import Ernie4_5_MoeConfig, Ernie4_5_MoeForCausalLM
+
+    config = shrink(Ernie4_5_MoeConfig())
+    assert (config.moe_num_experts, config.moe_k, config.moe_num_shared_experts) == (4, 2, 1)
+    model = Ernie4_5_MoeForCausalLM(config).eval()
+    with torch.no_grad():
+        assert model(torch.randint(0, 512, (1, 8))).logits.shape == (1, 8, 512)
