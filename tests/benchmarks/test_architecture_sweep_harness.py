@@ -211,3 +211,22 @@ def test_ernie_moe_top_k_fits_the_shrunk_experts(sw):
     model = Ernie4_5_MoeForCausalLM(config).eval()
     with torch.no_grad():
         assert model(torch.randint(0, 512, (1, 8))).logits.shape == (1, 8, 512)
+
+
+def test_the_compared_sizes_are_the_static_sizes(sw, monkeypatch, tmp_path):
+    """A model without a dynamic sequence graph (Falcon-Mamba) is compiled at static sizes and
+    runs exact sizes only; by default those were 8 and powers of two, so the comparison at 13 was
+    refused ('this artifact runs seq = 4, 8, 16, 32 only'). The sweep names the sizes it runs."""
+    import compiler
+
+    seen = {}
+
+    def fake_compile(module, values, **options):
+        seen.update(options)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(compiler, "compile", fake_compile)
+    (arch,) = sw.select(sw.architectures(), "causal-lm/gpt2", None)
+    result = sw.check_architecture(arch, tmp_path)
+    assert result.outcome == "compile error" and "stop here" in result.cause
+    assert seen["static_sizes"] == list(sw.SEQ_LENGTHS) and seen["dynamic_shapes"] is not None
