@@ -72,8 +72,9 @@ SMALL: dict[str, Any] = {
 # key/value heads: 1 stays 1 (multi-query), as many as the heads stays so, else 2 (grouped)
 # set even where the default leaves them unset: DeepSeek-V2's default routes to None experts,
 # dots.llm1's default builds None routed and shared experts (neither default config builds). Not
-# `num_experts`: unset there means a dense model (Gemma 4), which stays dense.
-SET_WHEN_UNSET = ("num_experts_per_tok", "n_routed_experts", "n_shared_experts")
+# `num_experts`: unset there means a dense model (Gemma 4), which stays dense. head_dim: unset
+# means hidden / heads = 16 to Mixtral, but Hunyuan's attention computes None ** -0.5 from it.
+SET_WHEN_UNSET = ("num_experts_per_tok", "n_routed_experts", "n_shared_experts", "head_dim")
 LAYER_COUNTS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers")
 KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num",
             "num_query_groups")

@@ -230,3 +230,17 @@ def test_the_compared_sizes_are_the_static_sizes(sw, monkeypatch, tmp_path):
     result = sw.check_architecture(arch, tmp_path)
     assert result.outcome == "compile error" and "stop here" in result.cause
     assert seen["static_sizes"] == list(sw.SEQ_LENGTHS) and seen["dynamic_shapes"] is not None
+
+
+def test_an_unset_head_dim_is_the_derived_one(sw):
+    """Hunyuan's default leaves head_dim None and its attention computes None ** -0.5 (dense and
+    MoE did not run eagerly); Mixtral derives the same 16 from hidden 64 / 4 heads."""
+    import torch
+    from transformers import HunYuanMoEV1Config, HunYuanMoEV1ForCausalLM, MixtralConfig
+
+    config = shrink(HunYuanMoEV1Config())
+    assert config.head_dim == 16 == config.hidden_size // config.num_attention_heads
+    assert shrink(MixtralConfig()).head_dim == 16
+    model = HunYuanMoEV1ForCausalLM(config).eval()
+    with torch.no_grad():
+        assert model(torch.randint(0, 512, (1, 8))).logits.shape == (1, 8, 512)
