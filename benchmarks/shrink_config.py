@@ -124,7 +124,21 @@ def shrink_kwargs(config: Any) -> dict[str, Any]:
             new = _two_layers(list(new))
         if new != old:
             out[name] = new
+    out.update(_ssm_heads(values, out))
     return out
+
+
+def _ssm_heads(values: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
+    """A state-space mixer's heads (Mamba2: `expand`, `num_heads`, `head_dim`) span the expanded
+    width, hidden x expand = heads x head_dim, which its config validates: the heads follow
+    from the shrunk hidden size and head_dim, as the key/value heads follow the heads."""
+    if not all(isinstance(values.get(k), int) for k in ("expand", "num_heads", "head_dim")):
+        return {}
+    hidden = out.get("hidden_size", values.get("hidden_size"))
+    head_dim = out.get("head_dim", values["head_dim"])
+    if not isinstance(hidden, int) or (hidden * values["expand"]) % head_dim:
+        return {}
+    return {"num_heads": hidden * values["expand"] // head_dim}
 
 
 def _two_layers(per_layer: list) -> list:

@@ -244,3 +244,16 @@ def test_an_unset_head_dim_is_the_derived_one(sw):
     model = HunYuanMoEV1ForCausalLM(config).eval()
     with torch.no_grad():
         assert model(torch.randint(0, 512, (1, 8))).logits.shape == (1, 8, 512)
+
+
+def test_state_space_heads_span_the_expanded_width(sw):
+    """Mamba2 validates hidden x expand == heads x head_dim: 4 heads of 16 against 64 x 2 did
+    not build ('Inconsistent configuration'), so Mamba2 counted as 'no eager'."""
+    import torch
+    from transformers import Mamba2Config, Mamba2ForCausalLM
+
+    config = shrink(Mamba2Config())
+    assert (config.hidden_size, config.expand, config.head_dim, config.num_heads) == (64, 2, 16, 8)
+    model = Mamba2ForCausalLM(config).eval()
+    with torch.no_grad():
+        assert model(torch.randint(0, 512, (1, 8))).logits.shape == (1, 8, 512)
