@@ -55,7 +55,10 @@ MAPPINGS = {
     "image-classification": "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
 }
 OUTCOMES = ("match", "mismatch", "compile error", "timeout", "no eager")
-SEQ_LENGTHS = (8, 13)  # compiled at the first, compared at both
+# compiled at the first, compared at both; where torch.export finds no graph dynamic in the
+# sequence (state-space models), compiled at both sizes into one artifact (compile's
+# static_sizes, the sizes this caller runs: a static-size artifact runs exact sizes only)
+SEQ_LENGTHS = (8, 13)
 MAX_SEQ = 64
 TOLERANCE = 1e-3  # x max(1, max |eager|)
 RESULT_TAG = "ARCHITECTURE-RESULT "
@@ -134,6 +137,7 @@ def build(arch: Arch) -> tuple[Any, tuple, Any]:
         config = shrink(cls.config_class())
         torch.manual_seed(0)
         model = cls(config).eval()
+        randomize_zero_matrices(model)
         inputs = _inputs(arch, config, SEQ_LENGTHS[0])
         module, values = wrap_pretrained(model, inputs, arch.cls)
         with torch.no_grad():
@@ -143,6 +147,23 @@ def build(arch: Arch) -> tuple[Any, tuple, Any]:
     if arch.mapping == "image-classification":
         return module, values, None
     return module, values, ({1: Dim("seq", min=2, max=MAX_SEQ)},)
+
+
+def randomize_zero_matrices(model: Any, std: float = 0.02) -> list[str]:
+    """Weights of rank >= 2 that the model's init left all zero get normal(0, std) values; their
+    names. A zero router gate (AFMoE's init) scores every expert alike, and the order topk picks
+    among equal scores is unspecified (torch's CPU kernel and onnxruntime's differ), so such a
+    model compared the tie-breaking, not the compile. Trained weights have no all-zero matrices;
+    vectors (biases, norm scales, expert biases) keep their init."""
+    import torch
+
+    names = []
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2 and p.is_floating_point() and not p.any():
+                p.normal_(0.0, std)
+                names.append(name)
+    return names
 
 
 def _inputs(arch: Arch, config: Any, seq: int) -> dict[str, Any]:
@@ -210,7 +231,8 @@ def check_architecture(arch: Arch, workdir: str | Path) -> Result:
         return _timed(result, start)
     try:
         path = compiler.compile(module, values, out=Path(workdir) / f"{arch.model_type}.dz",
-                                backend="onnxruntime", dynamic_shapes=dynamic, force=True)
+                                backend="onnxruntime", dynamic_shapes=dynamic, force=True,
+                                static_sizes=list(SEQ_LENGTHS) if dynamic else None)
         loaded = runtime.load(path)
     except Exception as e:  # noqa: BLE001 - the outcome being measured
         result.outcome, result.cause = "compile error", compile_cause(e)

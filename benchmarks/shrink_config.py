@@ -50,14 +50,15 @@ SMALL: dict[str, Any] = {
                      "linear_num_key_heads", "linear_num_value_heads"), _heads),
     **dict.fromkeys(("intermediate_size", "ffn_dim", "n_inner", "encoder_ffn_dim",
                      "decoder_ffn_dim", "ffn_hidden_size", "hidden_dim",
-                     "shared_expert_intermediate_size"), 128),
+                     "shared_expert_intermediate_size", "shared_experts_intermediate_size",
+                     "moe_shared_expert_intermediate_size"), 128),
     **dict.fromkeys(("head_dim", "linear_head_dim", "linear_key_head_dim",
                      "linear_value_head_dim"), 16),
-    "moe_intermediate_size": 64,
+    **dict.fromkeys(("moe_intermediate_size", "expert_ffn_hidden_size"), 64),
     **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"), 4),
-    **dict.fromkeys(("num_experts_per_tok", "moe_topk", "num_experts_per_token"), 2),
-    **dict.fromkeys(("n_shared_experts", "num_shared_experts", "n_group", "topk_group",
-                     "num_expert_group", "first_k_dense_replace"), 1),
+    **dict.fromkeys(("num_experts_per_tok", "moe_topk", "num_experts_per_token", "moe_k"), 2),
+    **dict.fromkeys(("n_shared_experts", "num_shared_experts", "moe_num_shared_experts",
+                     "n_group", "topk_group", "num_expert_group", "first_k_dense_replace"), 1),
     # latent attention: rotary part as wide as head_dim, which some configs derive from it
     **dict.fromkeys(("kv_lora_rank", "q_lora_rank"), 32),
     **dict.fromkeys(("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"), 16),
@@ -69,8 +70,11 @@ SMALL: dict[str, Any] = {
     "depths": _depths,
 }
 # key/value heads: 1 stays 1 (multi-query), as many as the heads stays so, else 2 (grouped)
-# set even where the default leaves them unset: DeepSeek-V2's default routes to None experts
-SET_WHEN_UNSET = ("num_experts_per_tok",)
+# set even where the default leaves them unset: DeepSeek-V2's default routes to None experts,
+# dots.llm1's default builds None routed and shared experts (neither default config builds). Not
+# `num_experts`: unset there means a dense model (Gemma 4), which stays dense. head_dim: unset
+# means hidden / heads = 16 to Mixtral, but Hunyuan's attention computes None ** -0.5 from it.
+SET_WHEN_UNSET = ("num_experts_per_tok", "n_routed_experts", "n_shared_experts", "head_dim")
 LAYER_COUNTS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers")
 KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num",
             "num_query_groups")
@@ -120,7 +124,21 @@ def shrink_kwargs(config: Any) -> dict[str, Any]:
             new = _two_layers(list(new))
         if new != old:
             out[name] = new
+    out.update(_ssm_heads(values, out))
     return out
+
+
+def _ssm_heads(values: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
+    """A state-space mixer's heads (Mamba2: `expand`, `num_heads`, `head_dim`) span the expanded
+    width, hidden x expand = heads x head_dim, which its config validates: the heads follow
+    from the shrunk hidden size and head_dim, as the key/value heads follow the heads."""
+    if not all(isinstance(values.get(k), int) for k in ("expand", "num_heads", "head_dim")):
+        return {}
+    hidden = out.get("hidden_size", values.get("hidden_size"))
+    head_dim = out.get("head_dim", values["head_dim"])
+    if not isinstance(hidden, int) or (hidden * values["expand"]) % head_dim:
+        return {}
+    return {"num_heads": hidden * values["expand"] // head_dim}
 
 
 def _two_layers(per_layer: list) -> list:

@@ -165,3 +165,95 @@ def test_the_docs_section_survives_opdoc_and_replaces_itself(sw):
     again = sw.write_docs(written, sw.docs_section(results[:1], "python x", 1))
     assert again.count(sw.BEGIN) == 1 and "MixtralForCausalLM" not in again
     assert opdoc.render() in again
+
+
+def test_zero_initialized_matrices_get_random_values(sw):
+    """AFMoE zero-inits its router gate: every expert scores alike, topk's choice among equal
+    scores is unspecified, and the sweep compared tie-breaking (a mismatch on onnxruntime)."""
+    import torch
+    from transformers import AfmoeConfig, AfmoeForCausalLM
+
+    torch.manual_seed(0)
+    model = AfmoeForCausalLM(shrink(AfmoeConfig())).eval()
+    gate = model.model.layers[1].mlp.router.gate.weight
+    bias = model.model.layers[1].mlp.expert_bias
+    assert not gate.any()
+    names = sw.randomize_zero_matrices(model)
+    assert "model.layers.1.mlp.router.gate.weight" in names
+    assert gate.any() and 0.01 < float(gate.std()) < 0.04
+    assert not bias.any()  # vectors keep their init
+    scores = torch.sigmoid(model.model.layers[1].mlp.router.gate(torch.randn(8, 64)))
+    assert len(set(scores.flatten().tolist())) == scores.numel()  # no ties left to break
+
+
+def test_unset_expert_counts_are_set_where_the_default_does_not_build(sw):
+    """dots.llm1's default config leaves its routed and shared experts None and does not build
+    (torch.empty(None, ...)); Gemma 4's unset num_experts means dense and stays so."""
+    import torch
+    from transformers import Dots1Config, Dots1ForCausalLM, Gemma4TextConfig
+
+    dots = shrink(Dots1Config())
+    assert (dots.n_routed_experts, dots.n_shared_experts, dots.num_experts_per_tok) == (4, 1, 2)
+    model = Dots1ForCausalLM(dots).eval()
+    with torch.no_grad():
+        assert model(torch.randint(0, 512, (1, 8))).logits.shape == (1, 8, 512)
+    assert shrink(Gemma4TextConfig()).num_experts is None
+
+
+def test_ernie_moe_top_k_fits_the_shrunk_experts(sw):
+    """ERNIE 4.5 MoE names its top-k `moe_k` (6 by default): 6 of 4 shrunk experts made topk
+    fail in eager ('selected index k out of range'), so the sweep skipped an MoE model."""
+    import torch
+    from transformers import Ernie4_5_MoeConfig, Ernie4_5_MoeForCausalLM
+
+    config = shrink(Ernie4_5_MoeConfig())
+    assert (config.moe_num_experts, config.moe_k, config.moe_num_shared_experts) == (4, 2, 1)
+    model = Ernie4_5_MoeForCausalLM(config).eval()
+    with torch.no_grad():
+        assert model(torch.randint(0, 512, (1, 8))).logits.shape == (1, 8, 512)
+
+
+def test_the_compared_sizes_are_the_static_sizes(sw, monkeypatch, tmp_path):
+    """A model without a dynamic sequence graph (Falcon-Mamba) is compiled at static sizes and
+    runs exact sizes only; by default those were 8 and powers of two, so the comparison at 13 was
+    refused ('this artifact runs seq = 4, 8, 16, 32 only'). The sweep names the sizes it runs."""
+    import compiler
+
+    seen = {}
+
+    def fake_compile(module, values, **options):
+        seen.update(options)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(compiler, "compile", fake_compile)
+    (arch,) = sw.select(sw.architectures(), "causal-lm/gpt2", None)
+    result = sw.check_architecture(arch, tmp_path)
+    assert result.outcome == "compile error" and "stop here" in result.cause
+    assert seen["static_sizes"] == list(sw.SEQ_LENGTHS) and seen["dynamic_shapes"] is not None
+
+
+def test_an_unset_head_dim_is_the_derived_one(sw):
+    """Hunyuan's default leaves head_dim None and its attention computes None ** -0.5 (dense and
+    MoE did not run eagerly); Mixtral derives the same 16 from hidden 64 / 4 heads."""
+    import torch
+    from transformers import HunYuanMoEV1Config, HunYuanMoEV1ForCausalLM, MixtralConfig
+
+    config = shrink(HunYuanMoEV1Config())
+    assert config.head_dim == 16 == config.hidden_size // config.num_attention_heads
+    assert shrink(MixtralConfig()).head_dim == 16
+    model = HunYuanMoEV1ForCausalLM(config).eval()
+    with torch.no_grad():
+        assert model(torch.randint(0, 512, (1, 8))).logits.shape == (1, 8, 512)
+
+
+def test_state_space_heads_span_the_expanded_width(sw):
+    """Mamba2 validates hidden x expand == heads x head_dim: 4 heads of 16 against 64 x 2 did
+    not build ('Inconsistent configuration'), so Mamba2 counted as 'no eager'."""
+    import torch
+    from transformers import Mamba2Config, Mamba2ForCausalLM
+
+    config = shrink(Mamba2Config())
+    assert (config.hidden_size, config.expand, config.head_dim, config.num_heads) == (64, 2, 16, 8)
+    model = Mamba2ForCausalLM(config).eval()
+    with torch.no_grad():
+        assert model(torch.randint(0, 512, (1, 8))).logits.shape == (1, 8, 512)
