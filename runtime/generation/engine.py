@@ -53,8 +53,8 @@ class StepRunner:
         """Touch every page of the pool now. numpy's zeros are pages the system hands out on
         first write, so a pool otherwise grows in memory with the most blocks ever in use at
         once; a server commits it at start so its memory does not grow with load."""
-        for pool in (self.cache.keys, self.cache.values, self.cache.scales):
-            if pool is not None:
+        for pools in (self.cache.data, self.cache.scales or ()):
+            for pool in (array for pair in pools for array in pair):
                 pool.fill(0)
 
     @property
