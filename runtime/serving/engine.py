@@ -24,6 +24,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -90,6 +91,8 @@ class Engine:
         self.draining = False
         self.ready = threading.Event()
         self.failure: str | None = None
+        # told when the warm-up fails: a server that can never answer stops, with the reason
+        self.on_failure: Callable[[str], None] | None = None
         self._preemptions = 0
         self._kv_peak = 0
         # deltas of this turn of the loop, by event loop: handed over in one call per loop
@@ -160,6 +163,8 @@ class Engine:
         except Exception as exc:  # the health check says so; nothing is admitted
             self.failure = f"{type(exc).__name__}: {exc}"
             log.exception("the model failed its warm-up generation")
+            if self.on_failure is not None:
+                self.on_failure(f"the model failed its warm-up generation: {self.failure}")
             return
         self.ready.set()
         clock = _PhaseClock(self.metrics.engine_seconds)

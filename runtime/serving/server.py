@@ -49,6 +49,7 @@ def serve(model, model_name: str, host: str = "127.0.0.1", port: int = 8000,
                             timeout_graceful_shutdown=5)
     server = _DrainingServer(config, engine, drain_timeout)
     _log_like_uvicorn(log_level)
+    engine.on_failure = server.fail
     on_failure = getattr(model, "on_failure", None)
     if on_failure is not None:
         on_failure(server.fail)
@@ -60,8 +61,9 @@ def serve(model, model_name: str, host: str = "127.0.0.1", port: int = 8000,
             close()
     if server.failure is not None:
         raise DayzeroError(server.failure, f"dayzero serve of {model_name}",
-                           "find out why the rank died (killed, out of memory) and start the "
-                           "server again")
+                           "the log above says why (a rank that died: killed, out of memory; a "
+                           "model that cannot run its warm-up); fix that and start the server "
+                           "again")
     return 0 if server.started else 1
 
 
@@ -83,7 +85,8 @@ class _DrainingServer(uvicorn.Server):
         self.failure: str | None = None
 
     def fail(self, message: str) -> None:
-        """A rank died (any thread): unhealthy now, end every request, stop shortly."""
+        """A rank died or the warm-up failed (any thread): unhealthy now, end every request,
+        stop shortly."""
         self.failure = message
         self.engine.failure = message
         self.engine.begin_drain()

@@ -77,6 +77,27 @@ def test_the_served_kv_pool_is_resident_after_warm_up(artifact):
         engine.stop()
 
 
+def test_a_failed_warm_up_is_reported_to_the_server_not_left_serving_503s(artifact):
+    import runtime
+    from runtime.serving.engine import Engine
+    from runtime.serving.metrics import Metrics
+
+    model = runtime.load(artifact, kv_cache_memory="64MiB")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the step graph cannot run here")
+
+    model.runner.run = broken
+    engine = Engine(model, Metrics())
+    told: list[str] = []
+    engine.on_failure = told.append
+    engine.start()
+    engine.thread.join(60)
+    assert not engine.thread.is_alive() and not engine.ready.is_set()
+    assert engine.failure == "RuntimeError: the step graph cannot run here"
+    assert told == [f"the model failed its warm-up generation: {engine.failure}"]
+
+
 def _rss() -> int:
     with open("/proc/self/status") as status:
         return next(int(line.split()[1]) * 1024 for line in status
