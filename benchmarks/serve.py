@@ -626,7 +626,7 @@ def build(args) -> tuple[Path, Path, object]:
     positions = args.max_positions
     folder = gen.make_checkpoint(work / f"llama-150m-{positions}", positions)
     artifact = work / f"dayzero-{positions}.dz"
-    seconds = gen.build_dayzero(folder, artifact, positions, int4=False,
+    seconds = gen.build_dayzero(folder, artifact, positions, group_size=None,
                               reuse=args.reuse_build)
     print(f"  checkpoint {folder}; artifact {artifact} "
           + (f"(built in {seconds:.0f} s)" if not math.isnan(seconds) else "(reused)"))
