@@ -29,7 +29,12 @@ class Server:
         with open(log, "wb") as out:
             self.process = subprocess.Popen(command, cwd=ROOT, stdout=out,
                                             stderr=subprocess.STDOUT)
-        self.wait_healthy()
+        try:
+            self.wait_healthy()
+        except AssertionError:  # a server that never got healthy is not left running
+            self.process.kill()
+            self.process.wait()
+            raise
 
     def wait_healthy(self, timeout: float = STARTUP_S) -> None:
         deadline = time.monotonic() + timeout
