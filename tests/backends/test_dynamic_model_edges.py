@@ -1,7 +1,8 @@
 """Models compiled end to end on the onnxruntime and reference backends and compared with torch
 eager, for the lowerings that once went wrong silently or did not compile: a slice counted from
 the end of a dynamic dim (XLM and FlauBERT's `mask[:, -slen:]` came back empty, typed
-[1, s0, 4]), an assignment to one (`buf[:, -slen:] = x`, the same start in slice_scatter) and a
+[1, s0, 4]), an assignment to one (`buf[:, -slen:] = x`, the same start in slice_scatter), a
+stepped assignment (interleaved M-RoPE's `freqs[..., 1:10:3] = ...`) and a
 cumsum with an explicit int32 dtype (as MoE routers count tokens per expert)."""
 
 from __future__ import annotations
@@ -31,6 +32,17 @@ class LastPositions(torch.nn.Module):
         mask = mask.expand(1, -1, x.shape[2])
         whole = torch.cat([mask, x], dim=1)  # [1, 32 + slen, 4]: cut its last slen rows
         return whole[:, -x.shape[1]:] * 2 + x
+
+
+class InterleavedSections(torch.nn.Module):
+    """Interleaved M-RoPE (Qwen3.5): every third frequency of a dynamic-length table replaced
+    by another section's, `freqs[..., offset:length:3] = other[..., offset:length:3]`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        freqs, other = x.sin(), x.cos()
+        freqs[..., 1:10:3] = other[..., 1:10:3]
+        freqs[..., 2:12:3] = other[..., 2:12:3] * 2
+        return freqs
 
 
 class AssignLast(torch.nn.Module):
@@ -79,6 +91,17 @@ def test_slice_assignment_from_the_end_of_a_dynamic_dim_matches_eager(tmp_path, 
                  dynamic_shapes=({1: seq},))
     for n in (3, 8):
         x = torch.randn(1, n, 4, generator=torch.Generator().manual_seed(n))
+        np.testing.assert_allclose(m(x)[0], model(x).numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_slice_assignment_with_a_step_matches_eager(tmp_path, backend):
+    model = InterleavedSections()
+    seq = Dim("seq", min=2, max=16)
+    m = _compile(model, (torch.randn(3, 5, 12),), tmp_path / "m.dz", backend,
+                 dynamic_shapes=({1: seq},))
+    for n in (2, 9):
+        x = torch.randn(3, n, 12, generator=torch.Generator().manual_seed(n))
         np.testing.assert_allclose(m(x)[0], model(x).numpy(), rtol=1e-5, atol=1e-5)
 
 
