@@ -49,10 +49,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 # (tests/sweeps.py) or makes them cheaper.
 AREA_BUDGETS: dict[str, float] = {  # measured 2026-12-01 in a clean-clone .ci/run, +20-30%
     # 391 s: Triton's interpreter on whole models, the ORT conformance; + MoE routing models
-    # (Qwen2-MoE, DeepSeek-V2/V3) and the packed PagedAttention (2026-12-02: 542 s, load ~2.5)
-    "tests/backends": 600.0,
+    # (Qwen2-MoE, DeepSeek-V2/V3) and the packed PagedAttention: 355 s in a clean-clone run
+    "tests/backends": 480.0,
     # 358 s: the OpInfo sample, the frontend's transformers models; + MoE checkpoint folders
-    "tests/compiler": 500.0,
+    "tests/compiler": 480.0,  # 404 s in a clean-clone run, 2026-12-02
     # 162 s (2026-12-02): two-rank launches, the installed runtime; + about 50 s for the
     # expert-parallel Mixtral (one export, two launches: 116 s with the machine shared, load ~11)
     "tests/runtime": 250.0,
@@ -61,7 +61,7 @@ AREA_BUDGETS: dict[str, float] = {  # measured 2026-12-01 in a clean-clone .ci/r
     "tests/serving": 120.0,
     "tests/tools": 60.0,
     "tests/regression": 40.0,
-    "tests/benchmarks": 20.0,
+    "tests/benchmarks": 30.0,  # 20.3 s (2026-12-02) with the DeepSeek-shaped moe harness
     # 15 transformers architectures compiled on onnxruntime (benchmarks/architecture_sweep.py's
     # fixed sample): 143 s on 2026-12-02 (load ~3), 420 s with the machine shared (load ~13)
     "tests/architectures": 240.0,
