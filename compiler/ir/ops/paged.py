@@ -73,18 +73,23 @@ def _rule(types, attrs):
         raise ShapeError(f"paged_attention: caches {k_cache} and {v_cache} must be [slots, "
                          f"{kv_heads}, {size}] and [slots, {kv_heads}, {v_size}]")
     _check_cache_dtype(q, k_cache, v_cache, k_scale, v_scale)
-    for name, t, rank in (("seq_slots", seq_slots, 2), ("token_seq", token_seq, 1),
-                          ("token_len", token_len, 1)):
-        if t.dtype != DType.i64 or t.rank != rank:
-            raise ShapeError(f"paged_attention: {name} {t} must be i64 of rank {rank}")
-    if not (equal(token_seq.shape[0], q.shape[1]) and equal(token_len.shape[0], q.shape[1])):
-        raise ShapeError("paged_attention: token_seq and token_len need one entry per token")
+    _check_index_inputs("paged_attention", q.shape[1], seq_slots, token_seq, token_len)
     window = attrs["window"]
     if window is not None and (not isinstance(window, int) or window < 1):
         raise ShapeError(f"paged_attention: window {window!r} must be a positive integer")
     tokens = q.shape[1]
     return [q.with_shape((1, tokens, heads * v_size)),
             q.with_shape((tokens, kv_heads, size)), q.with_shape((tokens, kv_heads, v_size))]
+
+
+def _check_index_inputs(op: str, tokens, seq_slots, token_seq, token_len) -> None:
+    """The block-table inputs every paged op reads: i64, of their ranks, one entry per token."""
+    for name, t, rank in (("seq_slots", seq_slots, 2), ("token_seq", token_seq, 1),
+                          ("token_len", token_len, 1)):
+        if t.dtype != DType.i64 or t.rank != rank:
+            raise ShapeError(f"{op}: {name} {t} must be i64 of rank {rank}")
+    if not (equal(token_seq.shape[0], tokens) and equal(token_len.shape[0], tokens)):
+        raise ShapeError(f"{op}: token_seq and token_len need one entry per token")
 
 
 def _check_cache_dtype(q, k_cache, v_cache, k_scale, v_scale) -> None:

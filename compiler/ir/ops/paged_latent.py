@@ -31,11 +31,10 @@ from __future__ import annotations
 
 import math
 
-from ..dtypes import DType
 from ..symbolic import equal
 from .fused import Emitter, _reference, decomposes
 from .nn import check_window_softcap
-from .paged import _check_cache_dtype, _gather_slots, _visible
+from .paged import _check_cache_dtype, _check_index_inputs, _gather_slots, _visible
 from .registry import REQUIRED, ShapeError, define
 
 INPUTS = ("q latent k_rope weight latent_cache rope_cache seq_slots token_seq token_len "
@@ -70,13 +69,7 @@ def _rule(types, attrs):
         raise ShapeError(f"paged_latent_attention: caches {latent_cache} and {rope_cache} must "
                          f"be [slots, 1, {rank}] and [slots, 1, {rope}]")
     _check_cache_dtype(q, latent_cache, rope_cache, latent_scale, rope_scale)
-    for name, t, want in (("seq_slots", seq_slots, 2), ("token_seq", token_seq, 1),
-                          ("token_len", token_len, 1)):
-        if t.dtype != DType.i64 or t.rank != want:
-            raise ShapeError(f"paged_latent_attention: {name} {t} must be i64 of rank {want}")
-    if not (equal(token_seq.shape[0], tokens) and equal(token_len.shape[0], tokens)):
-        raise ShapeError("paged_latent_attention: token_seq and token_len need one entry per "
-                         "token")
+    _check_index_inputs("paged_latent_attention", tokens, seq_slots, token_seq, token_len)
     check_window_softcap({**attrs, "is_causal": True}, "paged_latent_attention")
     return [q.with_shape((1, tokens, heads * v_size)), q.with_shape((tokens, 1, rank)),
             q.with_shape((tokens, 1, rope))]
