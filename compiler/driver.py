@@ -439,15 +439,23 @@ def _with_precision(pipeline: list, cfg: CompileConfig) -> list:
 
 def _with_quantization(pipeline: list, cfg: CompileConfig) -> list:
     """The `quantize:` config as a `quantize_weights` pass at the head of the pipeline, before
-    fusion takes the linears into fused ops (unless the pipeline has one already)."""
+    fusion takes the linears into fused ops, and a `quantize_experts` pass right after the first
+    `fuse`, which gathers the MoE experts into the stacks it quantizes (unless the pipeline has
+    them already)."""
     from passes import get_pass
 
     kind = cfg.quantize.get("weights")
-    if kind is None or any(p.name == "quantize_weights" for p in pipeline):
+    if kind is None:
         return pipeline
-    bits = {"int4": 4, "int8": 8}[kind]
-    return [get_pass("quantize_weights")(bits=bits, group_size=cfg.quantize["group_size"],
-                                         activations=cfg.quantize["activations"]), *pipeline]
+    options = dict(bits={"int4": 4, "int8": 8}[kind], group_size=cfg.quantize["group_size"],
+                   activations=cfg.quantize["activations"])
+    names = [p.name for p in pipeline]
+    if "quantize_experts" not in names and "fuse" in names:
+        at = names.index("fuse") + 1
+        pipeline = [*pipeline[:at], get_pass("quantize_experts")(**options), *pipeline[at:]]
+    if "quantize_weights" not in names:
+        pipeline = [get_pass("quantize_weights")(**options), *pipeline]
+    return pipeline
 
 
 # precision values the precision pass implements (fp8 is a quantization format: not yet)

@@ -15,6 +15,7 @@ from . import (  # noqa: F401  (imported to register the built-in passes)
     parallel,
     plan_memory,
     precision,
+    quantize_experts,
     quantize_weights,
     recognize_causal_masks,
     remove_noops,

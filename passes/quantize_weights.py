@@ -106,7 +106,8 @@ class QuantizeWeights(Pass):
         w = node.inputs[1]
         codes, scales = _quantized(graph, w.name, self.bits, self.group_size)
         k = int(w.shape[1])
-        qname, sname = _fresh(graph, f"{w.name}.q{self.bits}"), _fresh(graph, f"{w.name}.scales")
+        qname = unused_weight_name(graph, f"{w.name}.q{self.bits}")
+        sname = unused_weight_name(graph, f"{w.name}.scales")
         qweight = graph.add_weight(qname, TensorType(DType.u8, tuple(codes.shape)), codes)
         scale = graph.add_weight(sname, TensorType(w.dtype, tuple(scales.shape)), scales)
         new = graph.add_node("quantized_linear", [node.inputs[0], qweight, scale, node.inputs[2]],
@@ -166,7 +167,8 @@ def _quantized(graph: Graph, name: str, bits: int, group_size: int) -> tuple[Any
                        "quantize a model built with its weights (or a checkpoint)")
 
 
-def _fresh(graph: Graph, name: str) -> str:
+def unused_weight_name(graph: Graph, name: str) -> str:
+    """`name`, or `name.2`, `name.3`, ...: the first no weight of the graph has."""
     candidate, i = name, 1
     while candidate in graph.weights:
         i += 1

@@ -424,6 +424,29 @@ def _moe(routing: str, normalize: bool = False, bias: bool = False, scale: float
     return build
 
 
+def _quantized_moe(bits: int, bias: bool = False, routing: str = "softmax_topk"):
+    """A quantized_moe over 4 experts (hidden 64, inner 32, groups of 32) with codes from
+    quantize_weights' own quantizer, one expert matrix at a time."""
+    def build(g):
+        from passes.quantize_weights import quantize
+
+        x = g.add_input("x", t(F, S, 64))
+        logits = g.add_input("logits", t(F, S, 4))
+        gate_up, down, b1, b2, sb = rng_arrays(13, (4, 64, 64), (4, 64, 32), (4, 64), (4, 64),
+                                               (4,))
+        stacks = []
+        for name, stack in (("gu", gate_up), ("down", down)):
+            codes, scales = quantize(stack.reshape(-1, stack.shape[2]) * 0.3, bits, 32)
+            stacks += [weight(g, f"{name}_q", codes.numpy().reshape(4, 64, -1, 16 * bits // 4)),
+                       weight(g, f"{name}_s", scales.numpy().reshape(4, 64, -1))]
+        ins = [x, logits, *stacks, weight(g, "b1", b1) if bias else None,
+               weight(g, "b2", b2) if bias else None,
+               weight(g, "sb", sb) if routing == "sigmoid_topk" else None]
+        return [op(g, "quantized_moe", ins, bits=bits, group_size=32, top_k=2, routing=routing,
+                   normalize=True).output]
+    return build
+
+
 CASES: dict[str, Case] = {
     **{name: unary(name) for name in [
         "neg", "abs", "exp", "exp2", "expm1", "sin", "cos", "atan", "sinh", "cosh", "tanh",
@@ -583,6 +606,9 @@ CASES: dict[str, Case] = {
     "grouped_matmul": Case(_grouped_matmul),
     "index_put": Case(_index_put, {"idx": (0, 2)}),
     "moe": Case(_moe("softmax_topk", normalize=True)),
+    "quantized_moe": Case(_quantized_moe(4)),
+    "quantized_moe_bias_sigmoid": Case(_quantized_moe(4, bias=True, routing="sigmoid_topk")),
+    "quantized_moe_int8": Case(_quantized_moe(8)),
     "moe_bias": Case(_moe("softmax_topk", bias=True)),
     "moe_topk_softmax": Case(_moe("topk_softmax")),
     "moe_sigmoid": Case(_moe("sigmoid_topk", normalize=True, scale=2.5)),

@@ -13,6 +13,7 @@ from . import (  # noqa: F401
     paged,
     paged_latent,
     quantized,
+    quantized_moe,
     reduction,
     resize,
     scatter,

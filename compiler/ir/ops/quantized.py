@@ -59,7 +59,7 @@ define("quantized_linear", "x qweight scales bias?", _rule, _reference("quantize
        in_features=REQUIRED, activations="float")
 
 
-def _int8_rows(e: Emitter, x, group: int):
+def int8_rows(e: Emitter, x, group: int):
     """x with each row's blocks of `group` features rounded to 255 levels: round(x / s) * s,
     s = max |x| / 127 over the block (0 for an all-zero block)."""
     k = x.shape[-1]
@@ -72,22 +72,27 @@ def _int8_rows(e: Emitter, x, group: int):
     return e.op("reshape", e.op("mul", codes, scale), shape=list(x.shape))
 
 
-@decomposes("quantized_linear")
-def _quantized_linear(e: Emitter, inputs, attrs):
-    x, qweight, scales, bias = inputs
-    bits, group, k = attrs["bits"], attrs["group_size"], attrs["in_features"]
-    n, blocks, size = qweight.shape
+def dequantized(e: Emitter, qweight, scales, bits: int, group: int, dtype: DType):
+    """The float weight [..., N, K] that codes qweight [..., N, K / group, group * bits / 8] and
+    scales (any shape holding [..., N, K / group] in order) stand for."""
+    *lead, blocks, size = qweight.shape
     codes = qweight
     if bits == 4:  # two codes per byte, the first in the low nibble
         sixteen = e.const(16, DType.u8)
-        low = e.op("reshape", e.op("remainder", qweight, sixteen), shape=[n, blocks, size, 1])
+        low = e.op("reshape", e.op("remainder", qweight, sixteen), shape=[*lead, blocks, size, 1])
         high = e.op("reshape", e.op("div", qweight, sixteen, rounding_mode="floor"),
-                    shape=[n, blocks, size, 1])
-        codes = e.op("reshape", e.op("concat", low, high, dim=-1), shape=[n, blocks, group])
-    centered = e.op("sub", e.op("cast", codes, dtype=x.dtype),
-                    e.const(float(2 ** (bits - 1)), x.dtype))
-    blockwise = e.op("mul", centered, e.op("reshape", scales, shape=[n, blocks, 1]))
-    weight = e.op("reshape", blockwise, shape=[n, k])
+                    shape=[*lead, blocks, size, 1])
+        codes = e.op("reshape", e.op("concat", low, high, dim=-1), shape=[*lead, blocks, group])
+    centered = e.op("sub", e.op("cast", codes, dtype=dtype),
+                    e.const(float(2 ** (bits - 1)), dtype))
+    blockwise = e.op("mul", centered, e.op("reshape", scales, shape=[*lead, blocks, 1]))
+    return e.op("reshape", blockwise, shape=[*lead[:-1], lead[-1], blocks * group])
+
+
+@decomposes("quantized_linear")
+def _quantized_linear(e: Emitter, inputs, attrs):
+    x, qweight, scales, bias = inputs
+    weight = dequantized(e, qweight, scales, attrs["bits"], attrs["group_size"], x.dtype)
     if attrs["activations"] == "int8":
-        x = _int8_rows(e, x, group)
+        x = int8_rows(e, x, attrs["group_size"])
     return [e.op("linear", x, weight, bias)]
