@@ -34,8 +34,9 @@ GENERATOR_VERSION = 2  # 2: matmul/linear/fused_linear as generated GEMM kernels
 
 # Ops run on the host next to the kernels: zero-copy views, data movement, creation, and the
 # library calls (embedding gathers, indexing, attention, paged attention; the pieces of a
-# mixture-of-experts layer: sort, topk, histc, index_put and grouped_matmul, whose torch
-# reference multiplies each expert's block of rows only, so only routed experts are computed).
+# mixture-of-experts layer: sort, topk, histc, index_put, and grouped_matmul, whose Triton
+# grouped-GEMM kernel (grouped.py) multiplies each expert's block of rows only, so only routed
+# experts are computed).
 # MATMUL_OPS are GEMM kernels, or torch.matmul where the template does not fit.
 HOST_KINDS = frozenset({"view", "data_movement", "creation"})
 HOST_OPS = frozenset({"embedding", "scaled_dot_product_attention", "paged_attention", "index",

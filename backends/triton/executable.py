@@ -234,6 +234,11 @@ class TritonExecutable:
 
             if paged.supported(*args[:6], **attrs):
                 return self._store(node, paged.paged_attention(*args, **attrs), env)
+        if node.op == "grouped_matmul":
+            from . import grouped
+
+            if grouped.supported(*args):
+                return self._store(node, (grouped.grouped_matmul(*args),), env)
         result = get_op(node.op).reference(*args, **attrs)
         results = tuple(result) if isinstance(result, (tuple, list)) else (result,)
         self._store(node, results, env)
