@@ -91,3 +91,11 @@ def test_fft_and_complex_views(name, backend, tmp_path):
         # which triton has no kernel for: refused by name (`--fallback onnxruntime` runs it)
         assert backend == "triton" and name in SPECTRAL, refused
         assert refused.startswith("backend 'triton' does not support: remainder ("), refused
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "triton"])
+def test_unfold(backend, tmp_path):
+    """Tensor.unfold (Inkling2's causal convolution windows) as one index_select."""
+    if backend == "triton":
+        pytest.importorskip("triton")
+    assert check_on("unfold", backend, tmp_path) is None

@@ -259,3 +259,28 @@ def _repeat(em: AtenEmitter, a):
 def _copy(em: AtenEmitter, a):
     src = em.cast(a["src"], em.out_dtype())
     return em.op("expand", src, shape=em.out_shape())
+
+
+@converts("unfold.default", ir="arange, add, reshape, index_select, permute")
+def _unfold(em: AtenEmitter, a):
+    """Tensor.unfold(dim, size, step): windows of `size` elements every `step` along dim, as a
+    new last dim. Row w of the windows is elements w*step .. w*step + size - 1: one
+    `index_select` of those positions (the window count as torch computed it, symbolic along a
+    dynamic dim), reshaped to [..., windows, size, ...] and the size axis moved last."""
+    x, size, step = a["self"], a["size"], a["step"]
+    if x.type.rank == 0:  # a 0-d tensor is one window of one element
+        if list(em.out_shape()) != [1]:
+            raise Unsupported("unfold of a 0-d tensor into an empty window")
+        return em.op("reshape", x, shape=[1])
+    dim = a["dimension"] % x.type.rank
+    count = em.out_shape()[dim]
+    starts = em.op("reshape", em.op("arange", start=0, end=count * step, step=step),
+                   shape=[count, 1])
+    offsets = em.op("reshape", em.op("arange", start=0, end=size, step=1), shape=[1, size])
+    index = em.op("reshape", em.op("add", starts, offsets), shape=[count * size])
+    picked = em.op("index_select", x, index, dim=dim)
+    shape = list(x.shape)
+    windows = em.op("reshape", picked, shape=[*shape[:dim], count, size, *shape[dim + 1:]])
+    rank = x.type.rank + 1
+    order = [*range(dim + 1), *range(dim + 2, rank), dim + 1]
+    return em.op("permute", windows, dims=order)
