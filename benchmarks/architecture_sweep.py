@@ -12,6 +12,13 @@ own subprocess with a time limit, and compared with eager at two sequence length
     python benchmarks/architecture_sweep.py                      # every architecture
     python benchmarks/architecture_sweep.py --only llama,bert,vit --timeout 120
     python benchmarks/architecture_sweep.py --write-docs         # and the table into docs/ops.md
+    python benchmarks/architecture_sweep.py --resume R.jsonl --write-docs  # continue a sweep
+    python benchmarks/architecture_sweep.py --only jetmoe --resume R.jsonl --write-docs
+
+`--resume FILE` keeps a sweep's results in a JSON-lines file: each result is appended as it
+comes, architectures already there are not run again (an interrupted sweep continues), except
+those named by `--only`, which run again and replace their line (the rerun after a fix). The
+report and the docs table cover every result in the file, each architecture's latest.
 
 Outcomes: match, mismatch, compile error (the first line of the message; the ops when some are
 unsupported), timeout, no eager (the shrunk model does not build or run in transformers itself).
@@ -403,6 +410,20 @@ def recorded_command(argv: list[str]) -> str:
     return " ".join(["python benchmarks/architecture_sweep.py", *shown])
 
 
+def recorded_results(path: Path) -> dict[str, Result]:
+    """Each architecture's latest result in a JSON-lines file (none when it does not exist)."""
+    if not path.exists():
+        return {}
+    results = [Result(**json.loads(line)) for line in path.read_text().splitlines() if line]
+    return {r.arch: r for r in results}
+
+
+def to_run(archs: list[Arch], recorded: dict[str, Result], only: str | None) -> list[Arch]:
+    """The selected architectures a resumed sweep runs: all when named by --only, else those
+    without a recorded result."""
+    return archs if only else [a for a in archs if a.name not in recorded]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="comma-separated model types or class names")
@@ -412,21 +433,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write-docs", action="store_true", help="write the table into "
                         "docs/ops.md")
     parser.add_argument("--json", type=Path, help="append each result to this JSON-lines file")
+    parser.add_argument("--resume", type=Path, help="a JSON-lines file of results: run only "
+                        "the architectures it lacks (or those --only names), append theirs, "
+                        "report on all of them")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # the child: one architecture
     args = parser.parse_args(argv)
     archs = architectures()
     if args.one:
         return _child(next(a for a in archs if a.name == args.one))
     archs = select(archs, args.only, args.limit)
+    recorded = recorded_results(args.resume) if args.resume else {}
+    archs = to_run(archs, recorded, args.only)
 
     def progress(r: Result) -> None:
         print(f"{r.arch:<40} {r.outcome:<14} {r.seconds:6.1f}s  {r.cause[:100]}", flush=True)
-        if args.json:
-            with args.json.open("a") as f:
+        for path in {args.json, args.resume} - {None}:
+            with path.open("a") as f:
                 f.write(json.dumps(asdict(r)) + "\n")
 
-    print(f"{len(archs)} architectures, {args.jobs} at a time, {args.timeout:g} s each", flush=True)
+    print(f"{len(archs)} architectures, {args.jobs} at a time, {args.timeout:g} s each"
+          + (f"; {len(recorded)} recorded in {args.resume}" if recorded else ""), flush=True)
     results = sweep(archs, args.timeout, max(1, args.jobs), progress)
+    if args.resume:
+        results = list({**recorded, **{r.arch: r for r in results}}.values())
     print()
     print(report(results))
     if args.write_docs:

@@ -257,3 +257,37 @@ def test_state_space_heads_span_the_expanded_width(sw):
     model = Mamba2ForCausalLM(config).eval()
     with torch.no_grad():
         assert model(torch.randint(0, 512, (1, 8))).logits.shape == (1, 8, 512)
+
+
+def test_a_resumed_sweep_runs_what_is_missing_or_named_and_reports_on_all(sw, tmp_path,
+                                                                          monkeypatch):
+    path = tmp_path / "r.jsonl"
+    assert sw.recorded_results(path) == {}
+    results = _results(sw)
+    with path.open("w") as f:
+        for r in results[:3]:
+            f.write(sw.json.dumps(sw.asdict(r)) + "\n")
+        f.write(sw.json.dumps(sw.asdict(sw.Result("causal-lm/llama", "LlamaForCausalLM",
+                                                  "mismatch", "later"))) + "\n")
+    recorded = sw.recorded_results(path)
+    assert list(recorded) == ["causal-lm/llama", "causal-lm/mixtral", "causal-lm/qwen2_moe"]
+    assert recorded["causal-lm/llama"].cause == "later"  # the latest line wins
+    archs = sw.select(sw.architectures(), "llama,mixtral,masked-lm/bert", None)
+    assert [a.name for a in sw.to_run(archs, recorded, None)] == ["masked-lm/bert"]
+    assert sw.to_run(archs, recorded, "llama,mixtral,masked-lm/bert") == archs
+    ran = []
+
+    def fake_sweep(archs, timeout, jobs, progress):
+        out = [sw.Result(a.name, a.cls, "match") for a in archs]
+        ran.extend(a.name for a in archs)
+        for r in out:
+            progress(r)
+        return out
+
+    monkeypatch.setattr(sw, "sweep", fake_sweep)
+    assert sw.main(["--only", "mixtral,masked-lm/bert", "--resume", str(path)]) == 0
+    assert ran == ["causal-lm/mixtral", "masked-lm/bert"]
+    latest = sw.recorded_results(path)
+    assert {k: r.outcome for k, r in latest.items()} == {
+        "causal-lm/llama": "mismatch", "causal-lm/mixtral": "match",
+        "causal-lm/qwen2_moe": "compile error", "masked-lm/bert": "match"}
