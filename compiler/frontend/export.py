@@ -16,6 +16,7 @@ from compiler.ir import Graph
 from .decompositions import decompose
 from .locations import parse_stack
 from .program import program_to_graph
+from .ragged_experts import fold_ragged_expert_splits
 from .refine import (
     MAX_ROUNDS,
     RefineState,
@@ -75,6 +76,8 @@ def _decomposed(program, model: torch.nn.Module):
     except Exception as exc:  # torch's decompositions may raise anything
         raise _export_error("torch could not decompose the exported program of", model,
                             exc) from exc
+    if fold_ragged_expert_splits(program.graph):  # leaves their sizes read only by checks
+        program.graph_module.recompile()
     drop_data_checks(program)
     return program
 

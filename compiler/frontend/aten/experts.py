@@ -1,7 +1,9 @@
 """transformers' expert kernels as exported: `transformers.grouped_mm_fallback` (the custom op
 its default `grouped_mm` expert path calls on CPU, opaque to torch.export) becomes the IR's
 `grouped_matmul`, whose semantics are that op's: row block g of the input (rows offs[g-1] up to
-offs[g], sorted by expert) times weight[g]; rows from offs[-1] on are zero."""
+offs[g], sorted by expert) times weight[g]; rows from offs[-1] on are zero. dayzero's own
+`dayzero::grouped_mm` (the rewrite of expert loops over `split(counts.tolist())`, see
+compiler/frontend/ragged_experts.py) means the same and converts the same way."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ def _grouped_mm(em: AtenEmitter, a):
 
 
 # not an ATen overload: registered under its full name (what fx_to_ir looks converters up by)
-for _name in ("transformers.grouped_mm_fallback.default",):
+# dayzero.grouped_mm: what compiler/frontend/ragged_experts.py makes of split-by-counts loops
+for _name in ("transformers.grouped_mm_fallback.default", "dayzero.grouped_mm.default"):
     CONVERTERS[_name] = _grouped_mm
     TARGETS[_name] = "grouped_matmul"
