@@ -3,18 +3,29 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, ClassVar
 
 import sympy
 
 from compiler.errors import DayzeroError
 from compiler.ir import Graph, Node, TensorType, Value, get_op
+from compiler.ir.weights import is_lazy
 
 from .base import Pass, PassResult
 from .registry import register_pass
 
 # Ops never evaluated at compile time whatever their operands (their meaning needs the devices).
 NEVER_FOLD_KINDS = frozenset({"collective"})
+# a fold at least this large computed from one lazy (checkpoint) weight is computed when read
+DEFER_BYTES = 1 << 12
+
+
+def torch_tensor(data: Any) -> Any:
+    """Weight data as a torch tensor (a lazy handle is read whole)."""
+    import torch
+
+    return data.load() if is_lazy(data) else torch.as_tensor(data)
 
 
 def static_bytes(type: TensorType) -> int | None:
@@ -59,8 +70,10 @@ class FoldConstants(Pass):
     Guarantees: every node with operands that are all constants, and within the rule, is
     removed; a result still read by a remaining node or returned becomes a weight
     `folded.<value>` with its data in `graph.weight_data` (a 0-d result becomes a `constant`
-    node keeping the value's name); types are unchanged. Weights and creation nodes left unused
-    are left to eliminate_dead_code.
+    node keeping the value's name); types are unchanged. A result of at least DEFER_BYTES
+    computed from one lazy weight (a streamed checkpoint's) is a lazy handle that computes it
+    when read, so folding never reads a checkpoint: the writer does, a weight at a time.
+    Weights and creation nodes left unused are left to eliminate_dead_code.
     Why: exports compute rotary tables, transposed weights, scale factors and masks from
     parameters at run time; folding them removes kernels from every forward call.
     """
@@ -85,7 +98,9 @@ class FoldConstants(Pass):
             return PassResult(graph, False)
         removed = {id(n) for n in folded}
         wanted = _read_outside(graph, removed)
-        values = _evaluate(graph, wanted)
+        deferred = _deferred(graph, folded, wanted, origins)
+        values = _evaluate(graph, wanted - set(deferred))
+        values.update(deferred)
         _rebuild(graph, removed, wanted, values)
         return PassResult(graph, True)
 
@@ -122,6 +137,62 @@ def _read_outside(graph: Graph, removed: set[int]) -> set[int]:
     return produced & read
 
 
+def _deferred(graph: Graph, folded: list[Node], wanted: set[int],
+              origins: dict[int, frozenset[str]]) -> dict[int, Any]:
+    """Lazy handles for the large folds computed from one lazy weight (a checkpoint's, not
+    read yet), each computed when it is read: the writer streams them one at a time, so a
+    model's transposed expert stacks are never all in memory at once."""
+    lazy = {name for name, data in graph.weight_data.items() if is_lazy(data)}
+    if not lazy:
+        return {}
+    producers = {id(v): n for n in folded for v in n.outputs}
+    position = {id(n): i for i, n in enumerate(folded)}  # folded is in graph order
+    handles = {}
+    for node in folded:
+        for value in node.outputs:
+            sources = origins[id(value)]
+            if id(value) not in wanted or len(sources & lazy) != 1 \
+                    or static_bytes(value.type) < DEFER_BYTES:
+                continue
+            (name,) = sources & lazy
+            plan = sorted(_producers_of(value, producers), key=lambda n: position[id(n)])
+            known = {id(graph.weights[other]): torch_tensor(graph.weight_data[other])
+                     for other in sources - lazy}
+            replay = partial(_replay, plan, value, id(graph.weights[name]), known)
+            handles[id(value)] = graph.weight_data[name].map_lazily(
+                replay, tuple(value.type.shape), value.type.dtype)
+    return handles
+
+
+def _producers_of(value: Value, producers: dict[int, Node]) -> list[Node]:
+    """The folded nodes `value` is computed by."""
+    found, pending, seen = [], [value], set()
+    while pending:
+        node = producers.get(id(pending.pop()))
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        found.append(node)
+        pending.extend(v for v in node.inputs if v is not None)
+    return found
+
+
+def _replay(plan: list[Node], value: Value, source: int, known: dict[int, Any],
+            tensor: Any) -> Any:
+    """`value` computed by `plan` from the lazy weight's `tensor` (and in-memory weights)."""
+    import torch
+
+    env = {**known, source: tensor}
+    with torch.no_grad():
+        for node in plan:
+            args = [None if v is None else env[id(v)] for v in node.inputs]
+            result = get_op(node.op).reference(*args, **node.attrs)
+            results = result if isinstance(result, (tuple, list)) else (result,)
+            for out, t in zip(node.outputs, results):
+                env[id(out)] = _as_declared(node, out, t)
+    return env[id(value)].contiguous()
+
+
 def _evaluate(graph: Graph, wanted: set[int]) -> dict[int, Any]:
     """Tensors of the wanted values, computing only the nodes they depend on."""
     import torch
@@ -132,7 +203,7 @@ def _evaluate(graph: Graph, wanted: set[int]) -> dict[int, Any]:
         if any(id(v) in needed for v in node.outputs):
             plan.append(node)
             needed.update(id(v) for v in node.inputs if v is not None)
-    tensors: dict[int, Any] = {id(v): torch.as_tensor(graph.weight_data[name])
+    tensors: dict[int, Any] = {id(v): torch_tensor(graph.weight_data[name])
                                for name, v in graph.weights.items() if id(v) in needed}
     with torch.no_grad():
         for node in reversed(plan):
@@ -175,7 +246,7 @@ def _rebuild(graph: Graph, removed: set[int], wanted: set[int], tensors: dict[in
                 nodes.append(Node("constant", [], attrs, [value], node.loc))
             else:
                 name = _fresh_weight_name(graph, f"folded.{value.name}")
-                data = tensor.contiguous().clone()
+                data = tensor if is_lazy(tensor) else tensor.contiguous().clone()
                 replace[id(value)] = graph.add_weight(name, value.type, data)
     graph.nodes = nodes
     graph.outputs = [replace.get(id(v), v) for v in graph.outputs]

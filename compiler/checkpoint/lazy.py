@@ -195,6 +195,13 @@ class _Lazy:
 
         return QuantizeJob(self, bits, group_size, quantize).handles()
 
+    def map_lazily(self, fn: Callable[[Any], Any], shape: tuple[int, ...],
+                   dtype: DType) -> Any:
+        from .lazy_converted import ConvertJob, LazyConverted  # they build on this module
+
+        return LazyConverted(ConvertJob([self], lambda sources: {"value": fn(sources[0])}),
+                             "value", shape, dtype)
+
 
 class LazyTensor(_Lazy):
     """A checkpoint tensor converted to `ir_dtype` on read; see the module docstring."""

@@ -51,6 +51,11 @@ class LazyWeight(Protocol):
         """Handles of `quantize(self.load(), bits, group_size)`'s codes and scales, computed
         when the first of them is read."""
 
+    def map_lazily(self, fn: Callable[[Any], Any], shape: tuple[int, ...],
+                   dtype: DType) -> LazyWeight:
+        """A handle of `fn(self.load())`, a tensor of `shape` and `dtype`, computed each time
+        it is read (nothing is read now): a constant folded from this weight alone."""
+
 
 @runtime_checkable
 class ConvertibleLazily(LazyWeight, Protocol):
