@@ -162,7 +162,10 @@ def _torch_bytes(tensor: Any, name: str) -> tuple[np.ndarray, DType, tuple[int, 
     except TypeError as exc:
         raise DayzeroError(f"weight '{name}' has dtype {t.dtype}, which has no IR equivalent",
                            f"weight {name}", "cast the weight") from exc
-    return t.reshape(-1).view(torch.uint8).numpy(), dtype, tuple(t.shape)
+    flat = t.reshape(-1)
+    if flat.numel() and flat.stride(0) != 1:  # size-1 dims count as contiguous at any stride
+        flat = torch.empty(flat.shape, dtype=flat.dtype).copy_(flat)
+    return flat.view(torch.uint8).numpy(), dtype, tuple(t.shape)
 
 
 # -- reading -----------------------------------------------------------------------------------

@@ -85,6 +85,18 @@ def test_writer_streams_handles_in_chunks_and_checks_their_type(folder):
         list(tensor_chunks(handle, wrong))
 
 
+def test_a_tensor_with_a_zero_stride_size_one_dim_is_written_exactly():
+    """torch calls [1]- and [1, n]-shaped tensors of stride 0 on the size-1 dim contiguous (a
+    folded expand, BART's position ids); their bytes are the values, not a view error."""
+    one = torch.tensor([5], dtype=torch.int64).as_strided((1,), (0,))
+    row = torch.arange(3.0).as_strided((1, 3), (0, 1))
+    for tensor, dtype in ((one, DType.i64), (row, DType.f32)):
+        size = tensor.numel() * tensor.element_size()
+        entry = TensorEntry("t", dtype, tuple(tensor.shape), 0, size)
+        assert b"".join(bytes(c) for c in tensor_chunks(tensor, entry)) == \
+            tensor.clone(memory_format=torch.contiguous_format).numpy().tobytes()
+
+
 def test_unaligned_tensor_is_read_correctly(tmp_path):
     """A hand-written shard may put an f32 tensor at an odd offset."""
     values = np.arange(5, dtype=np.float32)
