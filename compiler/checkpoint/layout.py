@@ -38,6 +38,11 @@ class TensorRecord:
     shape: tuple[int, ...]
     begin: int
     end: int
+    # a block-scaled FP8 weight (see fp8.py): `dtype` is its dequantized value's, `stored` the
+    # dtype of its bytes, `scale` the record of its block scales, `block` a block's shape
+    stored: DType | None = None
+    scale: TensorRecord | None = None
+    block: tuple[int, int] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -97,7 +102,9 @@ def read_layout(root: str | Path) -> CheckpointLayout:
             tensors[record.name] = record
     if expected is not None:
         _check_index(root, expected, tensors)
-    return CheckpointLayout(root, config, files, tensors, index)
+    from .fp8 import attach_scales  # it builds on this module's records
+
+    return CheckpointLayout(root, config, files, attach_scales(config, tensors, str(root)), index)
 
 
 def read_config(root: Path) -> dict[str, Any]:

@@ -126,7 +126,11 @@ class ShardReader:
                 pass
         self._maps.clear()
 
-    def handle(self, record: TensorRecord, target: DType | None = None) -> LazyTensor:
+    def handle(self, record: TensorRecord, target: DType | None = None) -> _Lazy:
+        if record.scale is not None:  # a block-scaled FP8 weight, dequantized when read
+            from .fp8 import BlockDequantized  # it builds on this module
+
+            return BlockDequantized(self, record, target or record.dtype)
         return LazyTensor(self, record, target or record.dtype)
 
 
