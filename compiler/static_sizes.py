@@ -8,9 +8,14 @@ artifact under `sizes/<dim>-<size>/`. The manifest's `static_sizes` section says
 axes carry the dim and where each size's artifact is; `runtime.load` gives a model that runs
 the one compiled for the inputs' size.
 
-Padding a smaller input up to a compiled size is not done: nothing in the graph proves that
-the padded positions cannot change the others (a recurrent state reads every position), so
-only exact sizes run, and any other size is refused with the list of compiled ones.
+A size between the compiled ones runs padded, where the model allows it: padding on the right
+up to the next compiled size, then cutting the outputs back, is exact only if no output
+position before the padding reads it (a causal model: a recurrent scan carries its state
+forward only). `right_padding` checks that on the eager model before compiling: the example
+padded with two different contents must leave every output's first positions as they are, and
+every output must carry the dim on one axis or not depend on it. Where that holds, the manifest
+lists the outputs' axes to cut (`static_sizes.padding`) and the runtime pads; otherwise only
+exact sizes run, and any other size is refused with the list of compiled ones.
 """
 
 from __future__ import annotations
@@ -77,13 +82,72 @@ def without_dim(dynamic_shapes: Any, dim: str) -> Any:
 
 
 def section(dim: str, axes: list[tuple[int, int]], sizes: list[int], example: int,
-            reason: str) -> dict[str, Any]:
+            reason: str, padding: list[list[int]] | None = None) -> dict[str, Any]:
     """The manifest's `static_sizes` entry: the dim, which (input position, axis) pairs carry
-    it, and each size's artifact folder ("." for the top one)."""
-    return {"dim": dim, "reason": reason,
-            "inputs": [[position, axis] for position, axis in axes],
-            "sizes": [{"size": n, "path": "." if n == example else variant_dir(dim, n)}
-                      for n in sizes]}
+    it, each size's artifact folder ("." for the top one), and, where right-padding is safe,
+    the [output, axis] pairs the runtime cuts back."""
+    entry = {"dim": dim, "reason": reason,
+             "inputs": [[position, axis] for position, axis in axes],
+             "sizes": [{"size": n, "path": "." if n == example else variant_dir(dim, n)}
+                       for n in sizes]}
+    if padding is not None:
+        entry["padding"] = {"side": "right", "outputs": padding}
+    return entry
+
+
+PAD_EXTRA = 3  # positions added to the example by the padding check
+
+
+def right_padding(model: torch.nn.Module, example_inputs: tuple, axes: list[tuple[int, int]],
+                  example: int) -> list[list[int]] | None:
+    """[output, axis] for each output that carries the dim, when padding the dim on the right
+    (with any contents: two are tried) leaves the outputs' first `example` positions unchanged;
+    None when it does not (the padding reaches earlier positions, or an output without the dim
+    changes)."""
+    import torch.utils._pytree as pytree
+
+    if any(p.device.type == "meta" for p in model.parameters()):
+        return None  # a checkpoint's model has no values to check with
+
+    def run(inputs):
+        with torch.no_grad():
+            return [t for t in pytree.tree_leaves(model(*inputs)) if isinstance(t, torch.Tensor)]
+
+    base = run(example_inputs)
+    longer = resized(example_inputs, axes, example + PAD_EXTRA)
+    other = list(longer)
+    for position, axis in axes:  # the same length, the padded positions in reverse order
+        x = other[position]
+        tail = x.narrow(axis, example, PAD_EXTRA).flip(axis)
+        other[position] = torch.cat([x.narrow(axis, 0, example), tail], dim=axis)
+    cut: list[list[int]] = []
+    for padded in (run(longer), run(tuple(other))):
+        if len(padded) != len(base):
+            return None
+        for i, (want, got) in enumerate(zip(base, padded)):
+            axis = _carrying_axis(want.shape, got.shape, example)
+            if axis is False:
+                return None
+            prefix = got if axis is None else got.narrow(axis, 0, example)
+            if not torch.allclose(prefix.double(), want.double(), rtol=1e-5, atol=1e-6,
+                                  equal_nan=True):
+                return None
+            if axis is not None and [i, axis] not in cut:
+                cut.append([i, axis])
+    return cut
+
+
+def _carrying_axis(short: torch.Size, long: torch.Size, example: int) -> int | None | bool:
+    """The one axis along which an output grew by the padding; None if it did not grow; False
+    if it grew otherwise (several axes, or by another amount)."""
+    if len(short) != len(long):
+        return False
+    grown = [k for k, (a, b) in enumerate(zip(short, long)) if a != b]
+    if not grown:
+        return None
+    k = grown[0]
+    return k if len(grown) == 1 and short[k] == example and long[k] == example + PAD_EXTRA \
+        else False
 
 
 def variant_dir(dim: str, size: int) -> str:
@@ -137,8 +201,15 @@ def compile_sizes(compile_fn: Callable[..., Path], model: torch.nn.Module, examp
                 path = compile_fn(model, resized(example_inputs, axes, n), Path(tmp) / str(n),
                                   dynamic_shapes=static, log=log, _bundle=({}, {}), **options)
                 files.update(artifact_files(path, variant_dir(dim, n)))
-    reason = (f"torch.export finds no graph dynamic in {dim}; padding is not proven safe, so "
-              "only these exact sizes run")
-    entry = {"static_sizes": section(dim, axes, chosen, example, reason)}
+    padding = right_padding(model, example_inputs, axes, example)
+    if padding is None:
+        reason = (f"torch.export finds no graph dynamic in {dim}; padding changes earlier "
+                  "positions' outputs, so only these exact sizes run")
+    else:
+        reason = (f"torch.export finds no graph dynamic in {dim}; a size between them runs "
+                  "padded on the right to the next one (checked: padding leaves earlier "
+                  "positions' outputs unchanged)")
+    log.line(f"  {reason}")
+    entry = {"static_sizes": section(dim, axes, chosen, example, reason, padding)}
     return compile_fn(model, example_inputs, out, dynamic_shapes=static, log=log,
                       report=report, _bundle=(files, entry), **options)

@@ -3,8 +3,11 @@
 The compiler writes it when torch.export can only trace a dim as a constant (a recurrent scan
 unrolled over the sequence; see compiler/static_sizes.py): the top folder is the artifact for
 one size, `sizes/<dim>-<n>/` the others, and the manifest's `static_sizes` section lists them
-with the (input position, axis) pairs that carry the dim. Only exact sizes run: padding is
-not proven safe for these models, so any other size is refused with the sizes compiled.
+with the (input position, axis) pairs that carry the dim. Where the compiler checked that
+right-padding leaves earlier positions' outputs unchanged (`static_sizes.padding`: the [output,
+axis] pairs that carry the dim), a size between the compiled ones runs at the next compiled
+size, the inputs padded on the right (with their own leading values) and the outputs cut back;
+otherwise only exact sizes run and any other size is refused with the sizes compiled.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ class SizedModel:
         self.dim: str = entry.get("dim", "?")
         self._axes = _pairs(entry.get("inputs"), top.path)
         self._paths = _sizes(entry.get("sizes"), top.path)
+        self._cut = _padding(entry.get("padding"), top.path)  # None: exact sizes only
         self._loaded: dict[int, Any] = {}
         self.input_specs, self.output_specs = top.input_specs, top.output_specs
 
@@ -54,14 +58,37 @@ class SizedModel:
         return getattr(self._top, name)
 
     def __call__(self, *inputs: Any) -> tuple[np.ndarray, ...]:
-        return self.model_for(self._size_of(inputs))(*inputs)
+        size = self._size_of(inputs)
+        if size in self._paths or self._cut is None:
+            return self.model_for(size)(*inputs)
+        target = min((n for n in self._paths if n > size), default=None)
+        if target is None:
+            raise InputError(f"{self.dim} = {size}: this artifact runs {self.dim} up to "
+                             f"{max(self._paths)} (sizes {', '.join(map(str, self.sizes))}, "
+                             "smaller ones padded to the next)", str(self.path),
+                             f"pass at most {max(self._paths)}, or recompile with static_sizes "
+                             f"including {size}")
+        outputs = list(self.model_for(target)(*self._padded(inputs, target)))
+        for index, axis in self._cut:
+            if index < len(outputs) and axis < np.ndim(outputs[index]):
+                outputs[index] = np.take(outputs[index], np.arange(size), axis=axis)
+        return tuple(outputs)
+
+    def _padded(self, inputs: tuple, target: int) -> list:
+        """The inputs with the dim padded on the right to `target`, repeating their values."""
+        out = list(inputs)
+        for position, axis in self._axes:
+            x = np.asarray(out[position])
+            have = x.shape[axis]
+            out[position] = np.take(x, np.arange(target) % have, axis=axis)
+        return out
 
     def model_for(self, size: int):
         """The CompiledModel for `size` of the dim (an InputError if it was not compiled)."""
         if size not in self._paths:
             raise InputError(f"{self.dim} = {size}: this artifact runs {self.dim} = "
                              f"{', '.join(map(str, self.sizes))} only (the model has no graph "
-                             f"dynamic in {self.dim}, and padding is not proven safe)",
+                             f"dynamic in {self.dim}, and padding changes its outputs)",
                              str(self.path), f"pass inputs whose {self.dim} is one of "
                              f"{self.sizes}, or recompile with static_sizes including {size}")
         if size not in self._loaded:
@@ -94,6 +121,21 @@ def _pairs(entry: Any, root) -> list[tuple[int, int]]:
         raise ArtifactError("manifest.json: static_sizes.inputs is not a list of [input, axis]",
                             f"{root}: static_sizes", "the artifact is corrupted; recompile it")
     return [(p[0], p[1]) for p in entry]
+
+
+def _padding(entry: Any, root) -> list[tuple[int, int]] | None:
+    if entry is None:
+        return None
+    outputs = entry.get("outputs") if isinstance(entry, dict) else None
+    ok = entry.get("side") == "right" if isinstance(entry, dict) else False
+    ok = ok and isinstance(outputs, list) and all(
+        isinstance(p, list) and len(p) == 2 and all(type(x) is int and 0 <= x < 64 for x in p)
+        for p in outputs)
+    if not ok:
+        raise ArtifactError("manifest.json: static_sizes.padding is not {side: right, outputs: "
+                            "[[output, axis], ...]}", f"{root}: static_sizes",
+                            "the artifact is corrupted; recompile it")
+    return [(p[0], p[1]) for p in outputs]
 
 
 def _sizes(entry: Any, root) -> dict[int, str]:

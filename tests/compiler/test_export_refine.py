@@ -92,7 +92,8 @@ class LastHidden(torch.nn.Module):
 
 def test_mamba_compiles_at_static_sizes_and_runs_the_one_that_fits(tmp_path):
     """transformers' Mamba unrolls its scan over the sequence: torch.export's fix is `seq = 8`.
-    The artifact holds seq 4 and 8, each matching eager; seq 6 is refused naming them."""
+    The artifact holds seq 4 and 8, each matching eager; seq 6 runs padded to 8 (the scan is
+    causal), seq 9 is past the largest size."""
     cfg = transformers.MambaConfig(hidden_size=16, num_hidden_layers=1, state_size=4,
                                    vocab_size=64, expand=2, conv_kernel=4)
     torch.manual_seed(0)
@@ -111,8 +112,52 @@ def test_mamba_compiles_at_static_sizes_and_runs_the_one_that_fits(tmp_path):
         with torch.no_grad():
             expected = model(x).numpy()
         np.testing.assert_allclose(m(x)[0], expected, rtol=1e-5, atol=1e-5)
-    with pytest.raises(InputError, match=r"seq = 6: this artifact runs seq = 4, 8 only"):
-        m(torch.randint(0, 64, (1, 6)))
+    # the scan is causal: seq 6 runs at 8, padded on the right, and is cut back to 6
+    assert m.manifest["static_sizes"]["padding"] == {"side": "right", "outputs": [[0, 1]]}
+    x = torch.randint(0, 64, (1, 6))
+    with torch.no_grad():
+        expected = model(x).numpy()
+    got = m(x)[0]
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(InputError, match=r"seq = 9: this artifact runs seq up to 8"):
+        m(torch.randint(0, 64, (1, 9)))
+
+
+class Unrolled(torch.nn.Module):
+    """A scan unrolled over the sequence (torch.export fixes seq); `look_ahead` also adds the
+    sequence's mean to every position, so padding changes the earlier outputs."""
+
+    def __init__(self, look_ahead: bool):
+        super().__init__()
+        self.look_ahead = look_ahead
+
+    def forward(self, x):
+        state, outs = torch.zeros_like(x[:, 0]), []
+        for i in range(x.shape[1]):
+            state = torch.tanh(state * 0.5 + x[:, i])
+            outs.append(state)
+        y = torch.stack(outs, dim=1)
+        return y + y.mean(dim=1, keepdim=True) if self.look_ahead else y
+
+
+@pytest.mark.parametrize("look_ahead", [False, True], ids=["causal", "look-ahead"])
+def test_a_size_between_the_compiled_ones_runs_padded_only_where_that_is_exact(tmp_path,
+                                                                            look_ahead):
+    model = Unrolled(look_ahead)
+    x = torch.randn(2, 8, 3)
+    path, log = _compile(model, (x,), ({1: Dim("seq", min=2, max=32)},), tmp_path / "u.dz",
+                         static_sizes=[4, 8])
+    m = runtime.load(path)
+    short = torch.randn(2, 5, 3)
+    if look_ahead:
+        assert "padding" not in m.manifest["static_sizes"]
+        assert "padding changes earlier positions' outputs" in log
+        with pytest.raises(InputError, match=r"seq = 5: this artifact runs seq = 4, 8 only"):
+            m(short)
+        return
+    assert "a size between them runs padded on the right" in log
+    np.testing.assert_allclose(m(short)[0], model(short).numpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_sizes_chosen_by_default_are_the_example_and_its_nearest_powers_of_two():
@@ -138,6 +183,10 @@ class _Top:
     {"dim": "seq", "inputs": [[0, 1]], "sizes": [{"size": 4, "path": "../elsewhere"}]},
     {"dim": "seq", "inputs": [[0, 1]], "sizes": [{"size": 4, "path": "/abs"}]},
     {"dim": "seq", "inputs": [["ids", 1]], "sizes": [{"size": 4, "path": "."}]},
+    {"dim": "seq", "inputs": [[0, 1]], "sizes": [{"size": 4, "path": "."}],
+     "padding": {"side": "left", "outputs": [[0, 1]]}},
+    {"dim": "seq", "inputs": [[0, 1]], "sizes": [{"size": 4, "path": "."}],
+     "padding": {"side": "right", "outputs": [[0, 10 ** 9]]}},
 ])
 def test_a_static_sizes_section_pointing_outside_the_artifact_is_refused(tmp_path, entry):
     with pytest.raises(ArtifactError, match="static_sizes"):
