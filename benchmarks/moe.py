@@ -14,6 +14,12 @@ dayzero's fp32 bound).
     python benchmarks/moe.py                                  # the default shape, seq 128
     python benchmarks/moe.py --hidden 256 --layers 2 --seq 32 64 --rounds 3
     python benchmarks/moe.py --model deepseek_v3 --layers 2 --seq 64
+    python benchmarks/moe.py --quantize int4                  # int4 experts: QMoE
+
+With `--quantize int4` the artifact is compiled with `quantize: {weights: int4, group_size:
+32}`: routed experts as com.microsoft.QMoE on int4 codes, every other linear as MatMulNBits;
+the last column is then the relative RMS error of the logits against eager's fp32 (int4 is
+not within fp32's bound).
 """
 
 from __future__ import annotations
@@ -106,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vocab", type=int, default=1000)
     parser.add_argument("--seq", type=int, nargs="+", default=[128])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--quantize", choices=["int4", "int8"], help="quantized weights")
+    parser.add_argument("--group-size", type=int, default=32)
     args = parser.parse_args(argv)
     for key, value in DEFAULTS[args.model].items():
         if getattr(args, key, None) is None:
@@ -119,14 +127,18 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "moe.dz"
         start = time.perf_counter()
-        compiler.compile(module, inputs, out, dynamic_shapes=({1: torch.export.Dim("seq",
-                                                                                   max=4096)},))
+        config = ({"quantize": {"weights": args.quantize, "group_size": args.group_size}}
+                  if args.quantize else None)
+        compiler.compile(module, inputs, out, config=config,
+                         dynamic_shapes=({1: torch.export.Dim("seq", max=4096)},))
         print(f"compiled in {time.perf_counter() - start:.1f} s")
         model = runtime.load(out)
         print(f"{args.model}: hidden {args.hidden}, {args.experts} experts, top-{args.top_k}, "
-              f"{args.shared} shared, expert inner {args.intermediate}, {args.layers} layers")
+              f"{args.shared} shared, expert inner {args.intermediate}, {args.layers} layers"
+              + (f", {args.quantize} weights (group {args.group_size})" if args.quantize else ""))
+        error = "relative RMS logit error" if args.quantize else "max abs diff"
         print("| seq | eager ms | dayzero ms | eager / dayzero | MoE GFLOP routed | dense | "
-              "max abs diff |")
+              f"{error} |")
         print("|---|---|---|---|---|---|---|")
         for seq in args.seq:
             gen = torch.Generator().manual_seed(seq)
@@ -142,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
                 ours += timed(lambda x=as_numpy: model(x), 1)
             e, d = statistics.median(eager) * 1e3, statistics.median(ours) * 1e3
             routed, dense = moe_flops(args, seq)
-            diff = float(np.max(np.abs(got - want)))
+            diff = (float(np.sqrt(((got - want) ** 2).mean() / (want ** 2).mean()))
+                    if args.quantize else float(np.max(np.abs(got - want))))
             print(f"| {seq} | {e:.1f} | {d:.1f} | {e / d:.2f} | {routed / 1e9:.2f} | "
                   f"{dense / 1e9:.2f} | {diff:.2e} |")
     return 0
