@@ -26,7 +26,7 @@ from compiler.ir import DType
 
 from . import precision
 from .layout import CheckpointError, TensorRecord
-from .lazy import CHUNK_BYTES, StreamStats, _Lazy
+from .lazy import CHUNK_BYTES, LazyTensor, _Lazy
 
 SCALE_SUFFIX = "_scale_inv"
 
@@ -72,30 +72,18 @@ def attach_scales(config: dict[str, Any], tensors: dict[str, TensorRecord],
     return out
 
 
-class BlockDequantized(_Lazy):
-    """An fp8 weight times its block scales, as `ir_dtype`, computed when read."""
+class BlockDequantized(LazyTensor):
+    """An fp8 weight times its block scales, as `ir_dtype`, computed when read (the record is
+    one `attach_scales` made: its `dtype` is f32, the dequantized value's)."""
 
-    __slots__ = ("reader", "record", "ir_dtype")
-
-    def __init__(self, reader: Any, record: TensorRecord, ir_dtype: DType):
-        if not precision.convertible(DType.f32, ir_dtype):
-            raise ValueError(f"cannot map FP8 tensor {record.name} to {ir_dtype}")
-        self.reader, self.record, self.ir_dtype = reader, record, ir_dtype
+    __slots__ = ()
 
     def __repr__(self) -> str:
         return (f"BlockDequantized({self.record.name}: {self.ir_dtype}{list(self.shape)}, "
                 f"fp8 blocks of {list(self.record.block)}, {self.record.file})")
 
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self.record.shape
-
-    @property
-    def _stats(self) -> StreamStats:
-        return self.reader.stats
-
-    def astype_lazy(self, dtype: DType) -> BlockDequantized:
-        return BlockDequantized(self.reader, self.record, dtype)
+    def load(self) -> Any:
+        return _Lazy.load(self)
 
     def iter_chunks(self, chunk_bytes: int = CHUNK_BYTES) -> Iterator[memoryview]:
         stats = self._stats

@@ -234,7 +234,7 @@ class LazyTensor(_Lazy):
 
     def astype_lazy(self, dtype: DType) -> LazyTensor:
         """The same checkpoint tensor, to be converted to `dtype` instead (nothing is read)."""
-        return LazyTensor(self.reader, self.record, dtype)
+        return type(self)(self.reader, self.record, dtype)
 
     def load(self) -> Any:
         """The whole tensor as a new torch tensor of `ir_dtype`, read by `safe_open` and
