@@ -17,7 +17,8 @@ dayzero's fp32 bound).
     python benchmarks/moe.py --quantize int4                  # int4 experts: QMoE
 
 With `--quantize int4` the artifact is compiled with `quantize: {weights: int4, group_size:
-32}`: routed experts as com.microsoft.QMoE on int4 codes, every other linear as MatMulNBits;
+32, activations: int8}` (`--activations float` for fp32 activations): routed experts as
+com.microsoft.QMoE on int4 codes, every other linear as MatMulNBits;
 the last column is then the relative RMS error of the logits against eager's fp32 (int4 is
 not within fp32's bound).
 """
@@ -114,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--quantize", choices=["int4", "int8"], help="quantized weights")
     parser.add_argument("--group-size", type=int, default=32)
+    parser.add_argument("--activations", choices=["float", "int8"], default="int8",
+                        help="with --quantize: int8 activations (QMoE accuracy_level 4)")
     args = parser.parse_args(argv)
     for key, value in DEFAULTS[args.model].items():
         if getattr(args, key, None) is None:
@@ -127,15 +130,16 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "moe.dz"
         start = time.perf_counter()
-        config = ({"quantize": {"weights": args.quantize, "group_size": args.group_size}}
-                  if args.quantize else None)
+        config = ({"quantize": {"weights": args.quantize, "group_size": args.group_size,
+                                "activations": args.activations}} if args.quantize else None)
         compiler.compile(module, inputs, out, config=config,
                          dynamic_shapes=({1: torch.export.Dim("seq", max=4096)},))
         print(f"compiled in {time.perf_counter() - start:.1f} s")
         model = runtime.load(out)
         print(f"{args.model}: hidden {args.hidden}, {args.experts} experts, top-{args.top_k}, "
               f"{args.shared} shared, expert inner {args.intermediate}, {args.layers} layers"
-              + (f", {args.quantize} weights (group {args.group_size})" if args.quantize else ""))
+              + (f", {args.quantize} weights (group {args.group_size}, {args.activations} "
+                 "activations)" if args.quantize else ""))
         error = "relative RMS logit error" if args.quantize else "max abs diff"
         print("| seq | eager ms | dayzero ms | eager / dayzero | MoE GFLOP routed | dense | "
               f"{error} |")

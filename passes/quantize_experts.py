@@ -24,9 +24,9 @@ class QuantizeExperts(Pass):
     The rule is quantize_weights' (symmetric blocks of `group_size` input features, the extreme
     on code -2^(bits-1)), applied to each expert's gate/up and down matrices in linear layout.
     A shared expert becomes linear layers beside the routed block (the `moe` op's own
-    `shared_expert` decomposition), which are quantized as quantize_weights would. The experts
-    take float activations whatever `activations` says: it applies to the shared expert's
-    linears, like every other linear.
+    `shared_expert` decomposition), which are quantized as quantize_weights would.
+    `activations="int8"` rounds the experts' inputs per row and block for int8 dot products,
+    as it does every quantized linear's.
     Needs: fused `moe` ops (run after `fuse`) whose stacks are stored weights. A block whose
     hidden or inner size is not a multiple of `group_size`, whose stacks are computed, or whose
     dtype is not float stays a float `moe`.
@@ -77,7 +77,7 @@ class QuantizeExperts(Pass):
         attrs = get_op("moe").complete_attrs({k: v for k, v in node.attrs.items()
                                               if k in get_op("moe").attrs})
         out = e.op("quantized_moe", x, inputs[1], *stacks[0], *stacks[1], *inputs[4:7],
-                   bits=self.bits, group_size=self.group_size,
+                   bits=self.bits, group_size=self.group_size, activations=self.activations,
                    **{k: attrs[k] for k in MOE_ATTRS})
         shared = shared_expert(e, x, inputs[7:], attrs["activation"])
         if shared is not None:

@@ -2,7 +2,8 @@
 Runtime's routed expert kernels, which compute only each token's top-k experts.
 
 QMoE reads the int4 codes as stored (MatMulNBits' per-matrix layout, block_size = the group
-size, zero point 8, accuracy_level 0: float activations, as the op's decomposition computes);
+size, zero point 8, accuracy_level 0 for float activations, 4 for the op's int8 ones: the
+rounding its decomposition computes);
 its fc1 rows are interleaved like MoE's, by Reshape/Transpose on the initializers. Its 8-bit
 experts always quantize the activations, so 8-bit `quantized_moe` runs the decomposition.
 
@@ -95,8 +96,8 @@ def moe(b: Builder, node: Node, x: list) -> list:
     total = e.op("sum", weights, dims=[-1], keepdim=True)
     if attrs["scale"] != 1.0:
         total = e.op("mul", total, e.const(attrs["scale"], DType.f32))
-    kernel_attrs = {k: attrs[k] for k in ("top_k", "activation", "bits", "group_size")
-                    if k in attrs}
+    kernel_attrs = {k: attrs[k] for k in ("top_k", "activation", "bits", "group_size",
+                                          "activations") if k in attrs}
     out = e.op("mul", e.op(node.op, xv, logits, *inputs[weights_at], None, **kernel_attrs),
                total)
     shared = shared_expert(e, xv, inputs[shared_at], attrs["activation"]) if shared_at else None
@@ -132,7 +133,8 @@ def _routed(b: Builder, node: Node, x: list) -> list:
 
 def _routed_quantized(b: Builder, node: Node, x: list) -> list:
     """com.microsoft.QMoE on the stored codes (MatMulNBits' per-matrix layout, zero point
-    2^(bits-1), float activations: accuracy_level 0), the same routing logits as `_routed`."""
+    2^(bits-1); accuracy_level 0 for float activations, 4 for int8 ones), the same routing
+    logits as `_routed`."""
     experts, two_inter, blocks, size = node.inputs[2].type.shape
     hidden, down_blocks = node.inputs[4].type.shape[1:3]
     inter = two_inter // 2
@@ -143,7 +145,8 @@ def _routed_quantized(b: Builder, node: Node, x: list) -> list:
     return [b.op1("QMoE", [x[0], x[1], fc1, fc1_scales, fc1_bias, fc2, x[5], x[7]], domain=MS,
                   expert_weight_bits=int(node.attrs["bits"]),
                   block_size=int(node.attrs["group_size"]), weights_prepacked=0,
-                  accuracy_level=0, **_swiglu_attrs(node))]
+                  accuracy_level=4 if node.attrs["activations"] == "int8" else 0,
+                  **_swiglu_attrs(node))]
 
 
 _KERNELS = {"moe": _routed, "quantized_moe": _routed_quantized}

@@ -424,7 +424,8 @@ def _moe(routing: str, normalize: bool = False, bias: bool = False, scale: float
     return build
 
 
-def _quantized_moe(bits: int, bias: bool = False, routing: str = "softmax_topk"):
+def _quantized_moe(bits: int, bias: bool = False, routing: str = "softmax_topk",
+                   activations: str = "float"):
     """A quantized_moe over 4 experts (hidden 64, inner 32, groups of 32) with codes from
     quantize_weights' own quantizer, one expert matrix at a time."""
     def build(g):
@@ -443,7 +444,7 @@ def _quantized_moe(bits: int, bias: bool = False, routing: str = "softmax_topk")
                weight(g, "b2", b2) if bias else None,
                weight(g, "sb", sb) if routing == "sigmoid_topk" else None]
         return [op(g, "quantized_moe", ins, bits=bits, group_size=32, top_k=2, routing=routing,
-                   normalize=True).output]
+                   normalize=True, activations=activations).output]
     return build
 
 
@@ -609,6 +610,7 @@ CASES: dict[str, Case] = {
     "quantized_moe": Case(_quantized_moe(4)),
     "quantized_moe_bias_sigmoid": Case(_quantized_moe(4, bias=True, routing="sigmoid_topk")),
     "quantized_moe_int8": Case(_quantized_moe(8)),
+    "quantized_moe_int8_activations": Case(_quantized_moe(4, activations="int8")),
     "moe_bias": Case(_moe("softmax_topk", bias=True)),
     "moe_topk_softmax": Case(_moe("topk_softmax")),
     "moe_sigmoid": Case(_moe("sigmoid_topk", normalize=True, scale=2.5)),

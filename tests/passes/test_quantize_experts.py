@@ -60,7 +60,8 @@ EXPECTED = """graph main {
   weight @s_sig.q4: u8[1, 2, 16]
   weight @s_sig.scales: f32[2]
   %quantized_moe: f32[s0, 64] = quantized_moe(%x, %logits, @w_gate_up.q4, @w_gate_up.scales, \
-@w_down.q4, @w_down.scales, _, _, _) {bits=4, group_size=32, top_k=2, routing="softmax_topk", \
+@w_down.q4, @w_down.scales, _, _, _) {bits=4, group_size=32, activations="float", top_k=2, \
+routing="softmax_topk", \
 normalize=true, normalize_eps=0.0, scale=1.0, activation="silu", n_group=1, topk_group=1, \
 group_top=1, group_fill=-inf}
   %linear: f32[s0, 64] = quantized_linear(%x, @s_gate.q4, @s_gate.scales, _) {bits=4, \
@@ -157,13 +158,17 @@ def test_onnxruntime_runs_qmoe_on_the_codes_and_only_the_chosen_experts(tmp_path
     assert_fp32_close(got[rest], want[rest])
 
 
-@pytest.mark.parametrize("model_type", ["mixtral", "qwen2_moe"])
-def test_an_int4_moe_model_runs_qmoe_as_its_decomposition_computes(model_type, tmp_path):
+@pytest.mark.parametrize("model_type,activations", [("mixtral", "float"),
+                                                    ("qwen2_moe", "float"), ("mixtral", "int8")])
+def test_an_int4_moe_model_runs_qmoe_as_its_decomposition_computes(model_type, activations,
+                                                                   tmp_path):
     """QMoE against the op's decomposition on the same codes (QMoE excluded), both on
-    onnxruntime: the reference backend's pipeline does not fuse, so its experts stay float."""
+    onnxruntime: the reference backend's pipeline does not fuse, so its experts stay float.
+    With int8 activations QMoE runs at accuracy_level 4 and the decomposition rounds the
+    experts' inputs the same way."""
     hf = tiny_moe(model_type)
     module, inputs = wrap_pretrained(hf, {"input_ids": torch.randint(0, 128, (1, 8))}, model_type)
-    config = {"quantize": {"weights": "int4", "group_size": 32}}
+    config = {"quantize": {"weights": "int4", "group_size": 32, "activations": activations}}
     excluded = {"onnxruntime": {"exclude_kernels": ["com.microsoft.QMoE"]}}
     for name, options in (("qmoe", {}), ("ops", excluded)):
         compiler.compile(module, inputs, tmp_path / name, config=config, backend_options=options,

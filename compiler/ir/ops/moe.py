@@ -34,7 +34,10 @@ differs from eager's, within the fp32 reordering bound.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..dtypes import DType
+from ..graph import Value
 from ..symbolic import equal
 from ..types import TensorType
 from .fused import ACTIVATIONS, Emitter, _reference, decomposes
@@ -182,7 +185,17 @@ def shared_expert(e: Emitter, x, shared: list, activation: str):
 @decomposes("moe")
 def _moe(e: Emitter, inputs, attrs):
     inputs = padded(list(inputs))
-    x, logits, w_gate_up, w_down, b_gate_up, b_down, score_bias = inputs[:7]
+    routed = routed_experts(e, *inputs[:7], attrs)
+    shared = shared_expert(e, inputs[0], inputs[7:], attrs["activation"])
+    return [routed if shared is None else e.op("add", routed, shared)]
+
+
+def routed_experts(e: Emitter, x, logits, w_gate_up, w_down, b_gate_up, b_down, score_bias,
+                   attrs, rows: Callable[[Emitter, Value], Value] | None = None) -> Value:
+    """The routed experts' weighted sum: every expert on every token, the unchosen masked out.
+    `rows`, when given, rounds each expert's inputs row by row first (quantized_moe's int8
+    activations: x before gate/up, the gated hidden before down)."""
+    rows = rows or (lambda _, v: v)
     experts, inter = logits.shape[1], w_down.shape[1]
     weights, indices = route(e, logits, score_bias, attrs)
     # chosen[t, j, e]: token t's j-th choice is expert e; per expert: its weight, chosen or not
@@ -193,18 +206,17 @@ def _moe(e: Emitter, inputs, attrs):
                                                         shape=[*weights.shape, 1]), zero),
                       dims=[1], keepdim=False)
     picked = e.op("any", chosen, dims=[1], keepdim=False)
-    hidden = e.op("matmul", x, w_gate_up)  # [experts, tokens, 2 * inter]
+    hidden = e.op("matmul", rows(e, x), w_gate_up)  # [experts, tokens, 2 * inter]
     if b_gate_up is not None:
         hidden = e.op("add", hidden, e.op("reshape", b_gate_up, shape=[experts, 1, 2 * inter]))
     gate = e.op("slice", hidden, dim=2, start=0, end=inter, step=1)
     up = e.op("slice", hidden, dim=2, start=inter, end=2 * inter, step=1)
-    out = e.op("matmul", e.op("mul", e.activation(attrs["activation"], gate), up), w_down)
+    gated = rows(e, e.op("mul", e.activation(attrs["activation"], gate), up))
+    out = e.op("matmul", gated, w_down)
     if b_down is not None:
         out = e.op("add", out, e.op("reshape", b_down, shape=[experts, 1, x.shape[1]]))
     column = [experts, x.shape[0], 1]
     weight = e.op("reshape", e.op("permute", per_expert, dims=[1, 0]), shape=column)
     mask = e.op("reshape", e.op("permute", picked, dims=[1, 0]), shape=column)
-    routed = e.op("sum", e.op("where", mask, e.op("mul", out, weight), zero), dims=[0],
-                  keepdim=False)
-    shared = shared_expert(e, x, inputs[7:], attrs["activation"])
-    return [routed if shared is None else e.op("add", routed, shared)]
+    return e.op("sum", e.op("where", mask, e.op("mul", out, weight), zero), dims=[0],
+                keepdim=False)
