@@ -5,7 +5,8 @@ QMoE reads the int4 codes as stored (MatMulNBits' per-matrix layout, block_size 
 size, zero point 8, accuracy_level 0 for float activations, 4 for the op's int8 ones: the
 rounding its decomposition computes);
 its fc1 rows are interleaved like MoE's, by Reshape/Transpose on the initializers. Its 8-bit
-experts always quantize the activations, so 8-bit `quantized_moe` runs the decomposition.
+experts always quantize the activations, so 8-bit `quantized_moe` runs QMoE only with int8
+activations (and its decomposition otherwise).
 
 The kernel routes by a softmax over router logits, then the top k. Its CPU kernel takes SwiGLU
 experts with
@@ -50,7 +51,7 @@ def moe_fits(node: Node) -> str | None:
 
 def qmoe_fits(node: Node) -> str | None:
     group = node.attrs["group_size"]
-    if node.attrs["bits"] != 4:
+    if node.attrs["bits"] != 4 and node.attrs["activations"] != "int8":
         return "com.microsoft.QMoE's CPU kernel has no float-activation 8-bit experts"
     if group < 16 or group & (group - 1):
         return f"com.microsoft.QMoE takes block sizes that are powers of two from 16, not {group}"

@@ -611,6 +611,7 @@ CASES: dict[str, Case] = {
     "quantized_moe_bias_sigmoid": Case(_quantized_moe(4, bias=True, routing="sigmoid_topk")),
     "quantized_moe_int8": Case(_quantized_moe(8)),
     "quantized_moe_int8_activations": Case(_quantized_moe(4, activations="int8")),
+    "quantized_moe_int8_both": Case(_quantized_moe(8, activations="int8")),
     "moe_bias": Case(_moe("softmax_topk", bias=True)),
     "moe_topk_softmax": Case(_moe("topk_softmax")),
     "moe_sigmoid": Case(_moe("sigmoid_topk", normalize=True, scale=2.5)),
