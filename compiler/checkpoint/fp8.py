@@ -26,7 +26,7 @@ from compiler.ir import DType
 
 from . import precision
 from .layout import CheckpointError, TensorRecord
-from .lazy import CHUNK_BYTES, LazyTensor, _Lazy
+from .lazy import CHUNK_BYTES, LazyTensor, _Lazy, byte_chunks
 
 SCALE_SUFFIX = "_scale_inv"
 
@@ -106,9 +106,5 @@ class BlockDequantized(LazyTensor):
         return weight * scale[:, :cols]
 
     def _chunks(self, chunk_bytes: int) -> Iterator[memoryview]:
-        import torch
-
-        data = precision.convert(self.dequantized(), self.ir_dtype, self.record.name)
-        raw = memoryview(data.contiguous().reshape(-1).view(torch.uint8).numpy())
-        for first in range(0, len(raw), max(1, chunk_bytes)):
-            yield raw[first:first + chunk_bytes]
+        yield from byte_chunks(precision.convert(self.dequantized(), self.ir_dtype,
+                                                 self.record.name), chunk_bytes)

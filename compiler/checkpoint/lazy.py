@@ -341,6 +341,16 @@ def _unreadable(path, record: TensorRecord, what: str) -> CheckpointError:
                            "the file is corrupted, or changed while compiling; download it again")
 
 
+def byte_chunks(tensor: Any, chunk_bytes: int) -> Iterator[memoryview]:
+    """A tensor computed whole (a conversion's, a quantization's) as its raw bytes, in chunks of
+    at most `chunk_bytes`: the writer's interface for handles that cannot stream their source."""
+    import torch
+
+    raw = memoryview(torch.as_tensor(tensor).contiguous().reshape(-1).view(torch.uint8).numpy())
+    for first in range(0, len(raw), max(1, chunk_bytes)):
+        yield raw[first:first + chunk_bytes]
+
+
 def _view(mm: mmap.mmap, begin: int, n: int, dtype: DType):
     """`n` elements of `dtype` at byte `begin` of the map, as torch (copied if unaligned)."""
     import torch

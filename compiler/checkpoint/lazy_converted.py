@@ -21,7 +21,7 @@ from typing import Any
 from compiler.ir import DType
 
 from . import precision
-from .lazy import CHUNK_BYTES, LazyConcat, StreamStats, _Lazy
+from .lazy import CHUNK_BYTES, LazyConcat, StreamStats, _Lazy, byte_chunks
 
 
 class LazyStack(LazyConcat):
@@ -97,13 +97,8 @@ class LazyConverted(_Lazy):
         stats.tensors += 1
 
     def _chunks(self, chunk_bytes: int) -> Iterator[memoryview]:
-        import torch
-
         data = self.job.take(self.name)
         if tuple(data.shape) != self._shape:
             raise ValueError(f"{self.name}: transformers' conversion gave {list(data.shape)}, "
                              f"not {list(self._shape)}")
-        data = precision.convert(data, self.ir_dtype, self.name).contiguous()
-        raw = memoryview(data.reshape(-1).view(torch.uint8).numpy())
-        for first in range(0, len(raw), max(1, chunk_bytes)):
-            yield raw[first:first + chunk_bytes]
+        yield from byte_chunks(precision.convert(data, self.ir_dtype, self.name), chunk_bytes)

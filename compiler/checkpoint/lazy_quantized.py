@@ -14,7 +14,7 @@ from typing import Any
 
 from compiler.ir import DType
 
-from .lazy import CHUNK_BYTES, StreamStats, _Lazy
+from .lazy import CHUNK_BYTES, StreamStats, _Lazy, byte_chunks
 
 Quantizer = Callable[[Any, int, int], tuple[Any, Any]]
 
@@ -73,12 +73,7 @@ class LazyQuantized(_Lazy):
         self._stats.tensors += 1
 
     def _chunks(self, chunk_bytes: int) -> Iterator[memoryview]:
-        import torch
-
-        data = torch.as_tensor(self.job.take(self.part)).contiguous()
-        raw = memoryview(data.reshape(-1).view(torch.uint8).numpy())
-        for first in range(0, len(raw), max(1, chunk_bytes)):
-            yield raw[first:first + chunk_bytes]
+        yield from byte_chunks(self.job.take(self.part), chunk_bytes)
 
 
 def is_lazy(data: Any) -> bool:
