@@ -180,22 +180,13 @@ def _producers_of(value: Value, producers: dict[int, Node]) -> list[Node]:
 def _replay(plan: list[Node], value: Value, source: int, known: dict[int, Any],
             tensor: Any) -> Any:
     """`value` computed by `plan` from the lazy weight's `tensor` (and in-memory weights)."""
-    import torch
-
     env = {**known, source: tensor}
-    with torch.no_grad():
-        for node in plan:
-            args = [None if v is None else env[id(v)] for v in node.inputs]
-            result = get_op(node.op).reference(*args, **node.attrs)
-            results = result if isinstance(result, (tuple, list)) else (result,)
-            for out, t in zip(node.outputs, results):
-                env[id(out)] = _as_declared(node, out, t)
+    _run(plan, env)
     return env[id(value)].contiguous()
 
 
 def _evaluate(graph: Graph, wanted: set[int]) -> dict[int, Any]:
     """Tensors of the wanted values, computing only the nodes they depend on."""
-    import torch
 
     needed = set(wanted)
     plan = []
@@ -205,14 +196,21 @@ def _evaluate(graph: Graph, wanted: set[int]) -> dict[int, Any]:
             needed.update(id(v) for v in node.inputs if v is not None)
     tensors: dict[int, Any] = {id(v): torch_tensor(graph.weight_data[name])
                                for name, v in graph.weights.items() if id(v) in needed}
+    _run(plan[::-1], tensors)
+    return tensors
+
+
+def _run(plan: list[Node], env: dict[int, Any]) -> None:
+    """Evaluate `plan` (in order) with each op's reference, into `env` (value id -> tensor)."""
+    import torch
+
     with torch.no_grad():
-        for node in reversed(plan):
-            args = [None if v is None else tensors[id(v)] for v in node.inputs]
+        for node in plan:
+            args = [None if v is None else env[id(v)] for v in node.inputs]
             result = get_op(node.op).reference(*args, **node.attrs)
             results = result if isinstance(result, (tuple, list)) else (result,)
             for value, tensor in zip(node.outputs, results):
-                tensors[id(value)] = _as_declared(node, value, tensor)
-    return tensors
+                env[id(value)] = _as_declared(node, value, tensor)
 
 
 def _as_declared(node: Node, value: Value, tensor: Any) -> Any:
