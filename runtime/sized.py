@@ -113,11 +113,16 @@ class SizedModel:
         return found.pop()
 
 
-def _pairs(entry: Any, root) -> list[tuple[int, int]]:
-    ok = isinstance(entry, list) and entry and all(
-        isinstance(p, list) and len(p) == 2 and all(type(x) is int and x >= 0 for x in p)
+def _is_pairs(entry: Any, bound: int | None = None) -> bool:
+    """Whether `entry` is a list of [int, int] pairs of non-negative ints (below `bound`)."""
+    return isinstance(entry, list) and all(
+        isinstance(p, list) and len(p) == 2 and all(
+            type(x) is int and x >= 0 and (bound is None or x < bound) for x in p)
         for p in entry)
-    if not ok:
+
+
+def _pairs(entry: Any, root) -> list[tuple[int, int]]:
+    if not (entry and _is_pairs(entry)):
         raise ArtifactError("manifest.json: static_sizes.inputs is not a list of [input, axis]",
                             f"{root}: static_sizes", "the artifact is corrupted; recompile it")
     return [(p[0], p[1]) for p in entry]
@@ -127,11 +132,8 @@ def _padding(entry: Any, root) -> list[tuple[int, int]] | None:
     if entry is None:
         return None
     outputs = entry.get("outputs") if isinstance(entry, dict) else None
-    ok = entry.get("side") == "right" if isinstance(entry, dict) else False
-    ok = ok and isinstance(outputs, list) and all(
-        isinstance(p, list) and len(p) == 2 and all(type(x) is int and 0 <= x < 64 for x in p)
-        for p in outputs)
-    if not ok:
+    if not (isinstance(entry, dict) and entry.get("side") == "right"
+            and _is_pairs(outputs, bound=64)):
         raise ArtifactError("manifest.json: static_sizes.padding is not {side: right, outputs: "
                             "[[output, axis], ...]}", f"{root}: static_sizes",
                             "the artifact is corrupted; recompile it")

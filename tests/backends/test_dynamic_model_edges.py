@@ -83,26 +83,24 @@ def test_slice_from_the_end_of_a_dynamic_dim_matches_eager(tmp_path, backend):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+def _matches_eager_along_dim_1(model, shape, sizes, tmp_path, backend) -> None:
+    """Compiled with dim 1 dynamic (from the smallest size to 16), equal to eager at each size."""
+    seq = Dim("seq", min=min(sizes), max=16)
+    m = _compile(model, (torch.randn(*shape),), tmp_path / "m.dz", backend,
+                 dynamic_shapes=({1: seq},))
+    for n in sizes:
+        x = torch.randn(shape[0], n, *shape[2:], generator=torch.Generator().manual_seed(n))
+        np.testing.assert_allclose(m(x)[0], model(x).numpy(), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_slice_assignment_from_the_end_of_a_dynamic_dim_matches_eager(tmp_path, backend):
-    model = AssignLast()
-    seq = Dim("seq", min=3, max=16)
-    m = _compile(model, (torch.randn(1, 5, 4),), tmp_path / "m.dz", backend,
-                 dynamic_shapes=({1: seq},))
-    for n in (3, 8):
-        x = torch.randn(1, n, 4, generator=torch.Generator().manual_seed(n))
-        np.testing.assert_allclose(m(x)[0], model(x).numpy(), rtol=1e-5, atol=1e-5)
+    _matches_eager_along_dim_1(AssignLast(), (1, 5, 4), (3, 8), tmp_path, backend)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_slice_assignment_with_a_step_matches_eager(tmp_path, backend):
-    model = InterleavedSections()
-    seq = Dim("seq", min=2, max=16)
-    m = _compile(model, (torch.randn(3, 5, 12),), tmp_path / "m.dz", backend,
-                 dynamic_shapes=({1: seq},))
-    for n in (2, 9):
-        x = torch.randn(3, n, 12, generator=torch.Generator().manual_seed(n))
-        np.testing.assert_allclose(m(x)[0], model(x).numpy(), rtol=1e-5, atol=1e-5)
+    _matches_eager_along_dim_1(InterleavedSections(), (3, 5, 12), (2, 9), tmp_path, backend)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
