@@ -14,6 +14,7 @@ from compiler.errors import DayzeroError
 from compiler.ir import Graph
 
 from .decompositions import decompose
+from .expert_loops import traceable_experts
 from .locations import parse_stack
 from .program import program_to_graph
 from .ragged_experts import fold_ragged_expert_splits
@@ -102,7 +103,7 @@ def _trace(model: torch.nn.Module, args: tuple, dynamic_shapes,
     try:
         for attempt in range(MAX_ROUNDS + 1):
             try:
-                with torch.no_grad():
+                with torch.no_grad(), traceable_experts(model):
                     return torch.export.export(model, args, dynamic_shapes=dynamic_shapes,
                                                strict=False)
             except Exception as exc:  # torch.export raises many unrelated exception types
