@@ -351,7 +351,7 @@ def counts_table(results: list[Result]) -> list[str]:
 def report(results: list[Result]) -> str:
     matched, ran = match_rate(results)
     lines = counts_table(results)
-    share = f"{100 * matched / ran:.0f}%" if ran else "-"
+    share = f"{100 * matched / ran:.1f}%" if ran else "-"  # 256 of 257 is not 100%
     lines += ["", f"compile and match: {matched} of {ran} architectures that run eagerly ({share})"]
     groups = failures_by_cause(results)
     if groups:
@@ -362,16 +362,20 @@ def report(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
-def docs_section(results: list[Result], command: str, total: int) -> str:
+def docs_section(results: list[Result], command: str, total: int,
+                 rerun: str | None = None) -> str:
     """The docs/ops.md section, markers included: counts and one row per architecture of the
-    `total` the mappings hold."""
+    `total` the mappings hold. `rerun` names the results file a `--resume --only` run updated:
+    the table is that file's, with only the named architectures run by this command."""
     import transformers
 
     matched, ran = match_rate(results)
     chosen = "every architecture" if len(results) == total else \
         f"{len(results)} of the {total} architectures"
     lines = [BEGIN, "", "## Architecture sweep", "",
-             f"`{command}` with transformers {transformers.__version__}: {chosen} of its "
+             f"`{command}` with transformers {transformers.__version__}"
+             + (f" (reran those `--only` names; the other rows are {rerun}'s)" if rerun else "")
+             + f": {chosen} of its "
              "causal-LM, masked-LM and image-classification auto mappings, built from its "
              "default config shrunk by one generic table (hidden 64, 2 layers, 4 heads, 4 experts "
              "top-2), compiled on onnxruntime and compared with eager at sequence lengths "
@@ -459,8 +463,9 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(report(results))
     if args.write_docs:
-        section = docs_section(results, recorded_command(argv if argv is not None
-                                                         else sys.argv[1:]), len(architectures()))
+        command = recorded_command(argv if argv is not None else sys.argv[1:])
+        rerun = str(args.resume) if args.resume and args.only else None
+        section = docs_section(results, command, len(architectures()), rerun)
         DOC.write_text(write_docs(DOC.read_text(), section))
         print(f"wrote the table into {DOC.relative_to(ROOT)}")
     return 0

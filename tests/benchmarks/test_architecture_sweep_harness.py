@@ -139,7 +139,7 @@ def test_counts_rate_and_failures_by_cause(sw):
         ["MixtralForCausalLM", "Qwen2MoeForCausalLM"]
     text = sw.report(results)
     assert "| all | 2 | 1 | 2 | 1 | 1 | 7 |" in text
-    assert "2 of 6 architectures that run eagerly (33%)" in text
+    assert "2 of 6 architectures that run eagerly (33.3%)" in text
 
 
 def test_the_docs_section_survives_opdoc_and_replaces_itself(sw):
@@ -152,7 +152,10 @@ def test_the_docs_section_survives_opdoc_and_replaces_itself(sw):
                                    "--write-docs", "--timeout", "9"])
     assert command == "python benchmarks/architecture_sweep.py --only llama,vit --timeout 9"
     section = sw.docs_section(results, command, 289)
-    assert "7 of the 289 architectures" in section
+    assert "7 of the 289 architectures" in section and "reran" not in section
+    rerun = sw.docs_section(results, command, 289, rerun="sweep.jsonl")
+    assert "--timeout 9` with transformers" in rerun
+    assert "(reran those `--only` names; the other rows are sweep.jsonl's)" in rerun
     assert section.startswith(sw.BEGIN) and section.endswith(sw.END)
     assert "| causal-lm/mixtral | MixtralForCausalLM | compile error | unsupported: aten.sort |" \
         in section
