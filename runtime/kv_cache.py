@@ -162,6 +162,10 @@ class PagedKVCache:
         self.scales = ([tuple(np.zeros((num_blocks, size, p.heads), np.float32)
                               for _ in range(2)) for p in layout.layer_pools]
                        if layout.dtype == "int8" else None)
+        # the [slots, heads, width] views every step stores into (made once: a reshape per
+        # layer and step was a tenth of a decode step's Python time)
+        self._flat = [tuple(pool.reshape(-1, *pool.shape[-2:]) for pool in pair)
+                      for pair in self.data]
 
     def write(self, layer: int, table: list[int], start: int, keys: np.ndarray,
               values: np.ndarray) -> None:
@@ -191,8 +195,7 @@ class PagedKVCache:
 
     def flat(self, layer: int, which: int) -> np.ndarray:
         """Layer `layer`'s keys (which 0) or values (1) as [slots, heads, width], a view."""
-        store = self.data[layer][which]
-        return store.reshape(-1, *store.shape[-2:])
+        return self._flat[layer][which]
 
     def flat_scales(self, layer: int, which: int) -> np.ndarray:
         """The int8 scales of `flat(layer, which)` as [slots, heads], a view."""

@@ -197,9 +197,9 @@ def check_output_shapes(specs: Sequence[TensorSpec], outputs: Sequence[np.ndarra
         expected = known.get(spec.shape)
         if expected is None:
             expected = known[spec.shape] = tuple(_expected_shape(spec, values))
-        got = tuple(int(d) for d in np.shape(out))
-        if expected == got:  # the common case: every dim known and equal
+        if expected == getattr(out, "shape", None):  # the common case: every dim known, equal
             continue
+        got = tuple(int(d) for d in np.shape(out))
         if len(got) != len(spec.shape) or any(
                 e is not None and e != g for e, g in zip(expected, got)):
             shown = ", ".join("?" if e is None else str(e) for e in expected)
