@@ -14,6 +14,8 @@ primitive ops.
 
 from __future__ import annotations
 
+from compiler.ir import DType
+
 from ..rewrite import RuleSet, rule
 from ..rewrite.match import same_dim
 from .common import activation_name, misfit
@@ -25,8 +27,12 @@ def _experts(op, x, w_gate_up, w_down, weights, indices):
     flat_ids = op.reshape(indices, _name="flat_ids")
     perm = op.sort(flat_ids, _output=1, _name="perm")
     sorted_ids = op.sort(flat_ids, _output=0)
-    counts = op.histc(op.cast(sorted_ids), _name="counts")
-    offsets = op.cast(op.cumsum(op.cast(counts)))
+    # on the CPU transformers counts float ids; elsewhere (a meta-device export of a
+    # checkpoint) int32 ids, which the frontend counts as f64 and casts back
+    ids = op.any_of(op.cast(sorted_ids, _name="ids_cast"), sorted_ids)
+    counts = op.histc(op.cast(ids), _name="counts")
+    counted = op.any_of(op.cast(counts, _name="counts_cast"), counts)
+    offsets = op.cast(op.cumsum(op.cast(counted)))
     tokens = op.index(x, op.div(perm, op.const(name="k"), rounding_mode="floor"))
     hidden = op.grouped_matmul(tokens, w_gate_up, offsets)
     gate = op.slice(hidden, _name="gate")
@@ -39,7 +45,7 @@ def _experts(op, x, w_gate_up, w_down, weights, indices):
 
 
 def _check(ctx, x, w_gate_up, w_down, weights, indices, k, counts, rows, gate, up, act,
-           per_choice, out, perm, flat_ids, **_):
+           per_choice, out, perm, flat_ids, ids_cast=None, counts_cast=None, **_):
     routing = routing_of(ctx.graph, weights, indices)
     if isinstance(routing, str):
         return routing
@@ -48,6 +54,9 @@ def _check(ctx, x, w_gate_up, w_down, weights, indices, k, counts, rows, gate, u
         return f"the routing is not [tokens, {k}]"
     if perm.producer.attrs["descending"] or flat_ids.type.rank != 1:
         return "the pairs are not sorted by expert, ascending"
+    for cast in (ids_cast, counts_cast):  # integer casts must hold every id and count
+        if cast is not None and cast.dtype not in (DType.i32, DType.i64):
+            return f"{cast.name} casts ids or counts to {cast.dtype.value}"
     h = counts.producer.attrs
     if (h["bins"], h["min"], h["max"]) != (experts, 0.0, experts - 1):
         return f"histc {h} does not count {experts} experts"

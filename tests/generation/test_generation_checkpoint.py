@@ -107,3 +107,27 @@ def test_each_architecture_generates_from_its_checkpoint_folder(name, tmp_path):
     want, logits = transformers_generate(hf, ids, 16)
     got = model.generate(ids.numpy(), max_new_tokens=16, eos_token_id=[])
     assert_same_greedy(got[0], want, logits, 7)
+
+
+def test_a_moe_checkpoint_folder_generates_with_fused_experts(tmp_path):
+    """Mixtral's save_pretrained folder (one tensor per expert) compiles by default to a
+    generation artifact whose step runs the fused `moe` block, and generates what transformers
+    does. Exported on the meta device, transformers counts the experts' tokens as int32 (a
+    form the `moe` rule once missed, leaving the step derivation to refuse the block)."""
+    from tests.compiler.test_checkpoint_moe import tiny_moe
+    from tests.generation.test_generate_matches_transformers import (
+        assert_same_greedy,
+        transformers_generate,
+    )
+
+    hf = tiny_moe("mixtral")
+    hf.generation_config.eos_token_id = None
+    hf.save_pretrained(tmp_path / "ckpt")
+    out = tmp_path / "moe.dz"
+    assert main(["compile", str(tmp_path / "ckpt"), "-o", str(out), "--seq-len", "2:48",
+                 "-q"]) == 0
+    assert " = moe(" in (out / "graph.dzir").read_text()
+    ids = torch.randint(0, hf.config.vocab_size, (1, 7), generator=torch.Generator().manual_seed(3))
+    want, logits = transformers_generate(hf, ids, 12)
+    got = runtime.load(out).generate(ids.numpy(), max_new_tokens=12, eos_token_id=[])
+    assert_same_greedy(got[0], want, logits, 7)
