@@ -93,18 +93,32 @@ class QuantizeExperts(Pass):
 
     def _quantized_stack(self, graph: Graph, stack) -> list:
         """Codes and scales weights for an in_out stack [experts, in, out]: each expert's
-        [out, in] matrix quantized along `in`."""
-        import torch
-
+        [out, in] matrix quantized along `in`. A stack streamed from a checkpoint gets lazy
+        handles, quantized when the writer reaches them: the pass reads no checkpoint data,
+        and the compile holds one stack's codes at a time, not the whole model's."""
         data: Any = graph.weight_data[stack.name]
-        tensor = torch.as_tensor(data.load() if is_lazy(data) else data)
-        experts, k, n = tensor.shape
-        rows = tensor.transpose(1, 2).reshape(experts * n, k)
-        codes, scales = quantize(rows, self.bits, self.group_size)
-        codes = codes.reshape(experts, n, k // self.group_size, -1)
-        scales = scales.reshape(experts, n, k // self.group_size)
+        experts, k, n = stack.shape
+        blocks = k // self.group_size
+        shapes = ((experts, n, blocks, self.group_size * self.bits // 8), (experts, n, blocks))
+        if is_lazy(data):
+            codes, scales = data.quantize_lazily(self.bits, self.group_size, quantize_stack,
+                                                 shapes)
+        else:
+            codes, scales = quantize_stack(data, self.bits, self.group_size)
         return [graph.add_weight(unused_weight_name(graph, f"{stack.name}.q{self.bits}"),
-                                 TensorType(DType.u8, tuple(codes.shape)), codes),
+                                 TensorType(DType.u8, shapes[0]), codes),
                 graph.add_weight(unused_weight_name(graph, f"{stack.name}.scales"),
-                                 TensorType(stack.dtype, tuple(scales.shape)), scales)]
+                                 TensorType(stack.dtype, shapes[1]), scales)]
+
+
+def quantize_stack(stack: Any, bits: int, group_size: int) -> tuple[Any, Any]:
+    """quantize_weights' rule on each expert of an in_out stack [experts, in, out]: codes
+    [experts, out, in / group_size, bytes] and scales [experts, out, in / group_size]."""
+    import torch
+
+    tensor = torch.as_tensor(stack)
+    experts, k, n = tensor.shape
+    codes, scales = quantize(tensor.transpose(1, 2).reshape(experts * n, k), bits, group_size)
+    return (codes.reshape(experts, n, k // group_size, -1),
+            scales.reshape(experts, n, k // group_size))
 

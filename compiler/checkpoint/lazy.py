@@ -194,10 +194,11 @@ class _Lazy:
         except ValueError:
             return None
 
-    def quantize_lazily(self, bits: int, group_size: int, quantize: Quantizer) -> tuple:
+    def quantize_lazily(self, bits: int, group_size: int, quantize: Quantizer,
+                        shapes: tuple | None = None) -> tuple:
         from .lazy_quantized import QuantizeJob  # it builds on this module
 
-        return QuantizeJob(self, bits, group_size, quantize).handles()
+        return QuantizeJob(self, bits, group_size, quantize, shapes).handles()
 
     def map_lazily(self, fn: Callable[[Any], Any], shape: tuple[int, ...],
                    dtype: DType) -> Any:

@@ -22,11 +22,13 @@ Quantizer = Callable[[Any, int, int], tuple[Any, Any]]
 class QuantizeJob:
     """Quantizes `source` once, for its two handles; forgets the results once both took theirs."""
 
-    def __init__(self, source: _Lazy, bits: int, group_size: int, quantize: Quantizer):
-        n, k = source.shape
+    def __init__(self, source: _Lazy, bits: int, group_size: int, quantize: Quantizer,
+                 shapes: tuple | None = None):
         self.source, self.bits, self.group_size, self.quantize = source, bits, group_size, quantize
-        self.shapes = {"codes": (n, k // group_size, group_size * bits // 8),
-                       "scales": (n * (k // group_size),)}
+        if shapes is None:  # quantize_weights' rule on a [N, K] weight
+            n, k = source.shape
+            shapes = ((n, k // group_size, group_size * bits // 8), (n * (k // group_size),))
+        self.shapes = {"codes": tuple(shapes[0]), "scales": tuple(shapes[1])}
         self._results: dict[str, Any] = {}
 
     def handles(self) -> tuple[LazyQuantized, LazyQuantized]:

@@ -46,10 +46,12 @@ class LazyWeight(Protocol):
         """This handle and `rest` concatenated along dim 0, nothing read; None if they
         cannot be (another dtype or trailing shape, or handles of another kind)."""
 
-    def quantize_lazily(self, bits: int, group_size: int,
-                        quantize: Quantizer) -> tuple[LazyWeight, LazyWeight]:
+    def quantize_lazily(self, bits: int, group_size: int, quantize: Quantizer,
+                        shapes: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+                        ) -> tuple[LazyWeight, LazyWeight]:
         """Handles of `quantize(self.load(), bits, group_size)`'s codes and scales, computed
-        when the first of them is read."""
+        when the first of them is read. `shapes` are theirs where `quantize` is not the
+        [N, K] rule (an expert stack's codes keep the expert axis)."""
 
     def map_lazily(self, fn: Callable[[Any], Any], shape: tuple[int, ...],
                    dtype: DType) -> LazyWeight:

@@ -338,3 +338,69 @@ def test_integer_histc_of_the_meta_device_expert_path_counts_exactly(tmp_path):
     got = runtime.load(out)(ids.numpy())[0]
     assert got.dtype == np.int32
     np.testing.assert_array_equal(got, torch.histc(ids.double(), 4, 0, 3).int().numpy())
+
+
+def test_streamed_expert_stacks_are_quantized_when_written(mixtral_dir):
+    """quantize_experts on streamed stacks (fold_constants' transposes of the checkpoint's
+    experts) reads nothing: the codes and scales are handles, quantized when the writer
+    reaches them, each stack read once for both, and equal to quantizing it in memory."""
+    from compiler.checkpoint.lazy_quantized import LazyQuantized
+    from compiler.ir import parse_ir
+    from passes import parse_pipeline
+    from passes.quantize_experts import quantize_stack
+
+    ckpt = open_checkpoint(mixtral_dir)
+    stacks = {}
+    for short, name in (("gate_up", "gate_up_proj"), ("down", "down_proj")):
+        name = f"model.layers.0.mlp.experts.{name}"
+        handle = ckpt.binding.converted[name].handle(name, ckpt.reader, DType.f32,
+                                                     ckpt.binding.rules)
+        e, n, k = handle.shape
+        stacks[short] = handle.map_lazily(lambda t: t.transpose(1, 2).contiguous(), (e, k, n),
+                                          DType.f32)
+    (e, hidden, wide), inner = stacks["gate_up"].shape, stacks["down"].shape[1]
+    g = parse_ir(f"""graph main {{
+  symbol s0 in [1, 16]
+  input %x: f32[s0, {hidden}]
+  input %logits: f32[s0, {e}]
+  weight @w_gate_up: f32[{e}, {hidden}, {wide}]
+  weight @w_down: f32[{e}, {inner}, {hidden}]
+  %y: f32[s0, {hidden}] = moe(%x, %logits, @w_gate_up, @w_down) {{top_k=2}}
+  return %y
+}}
+""")
+    g.weight_data = {"w_gate_up": stacks["gate_up"], "w_down": stacks["down"]}
+    assert parse_pipeline("quantize_experts{bits=4,group_size=16}")[0].run(g).changed
+    assert ckpt.reader.stats.materialized == 0
+    for short in ("gate_up", "down"):
+        codes, scales = g.weight_data[f"w_{short}.q4"], g.weight_data[f"w_{short}.scales"]
+        assert isinstance(codes, LazyQuantized) and isinstance(scales, LazyQuantized)
+        assert tuple(g.weights[f"w_{short}.q4"].shape) == codes.shape
+        assert tuple(g.weights[f"w_{short}.scales"].shape) == scales.shape
+        stats = ckpt.reader.stats
+        before = stats.materialized
+        streamed = [b"".join(bytes(c) for c in h.iter_chunks(4096)) for h in (codes, scales)]
+        both = stats.materialized - before
+        source = stacks[short].load()
+        assert both == stats.materialized - before - both > 0  # one read serves both handles
+        want_codes, want_scales = quantize_stack(source, 4, 16)
+        assert want_codes.shape == codes.shape and want_scales.shape == scales.shape
+        assert streamed == [want_codes.numpy().tobytes(), want_scales.numpy().tobytes()]
+    ckpt.reader.close()
+
+
+def test_an_int4_checkpoint_compile_matches_the_in_memory_one(mixtral_dir, tmp_path):
+    """The same codes whether the experts are quantized from the streamed checkpoint at write
+    time or from the model in memory by the pass: the two artifacts agree."""
+    config = {"quantize": {"weights": "int4", "group_size": 16}}
+    streamed = runtime.load(compile_checkpoint(mixtral_dir, tmp_path / "ckpt.dz",
+                                               config=config))
+    ckpt = open_checkpoint(mixtral_dir)
+    model = tiny_moe("mixtral")
+    model.config.use_cache = False
+    in_memory = runtime.load(compile(model, ckpt.example_inputs, out=tmp_path / "mem.dz",
+                                     dynamic_shapes=ckpt.dynamic_shapes, config=config))
+    assert "quantized_moe" in (tmp_path / "ckpt.dz" / "graph.dzir").read_text()
+    for length in (3, 12):
+        ids = _ids(length, length).numpy()
+        np.testing.assert_allclose(streamed(ids)[0], in_memory(ids)[0], rtol=1e-5, atol=1e-5)
