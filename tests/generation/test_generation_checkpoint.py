@@ -109,18 +109,29 @@ def test_each_architecture_generates_from_its_checkpoint_folder(name, tmp_path):
     assert_same_greedy(got[0], want, logits, 7)
 
 
-def test_a_moe_checkpoint_folder_generates_with_fused_experts(tmp_path):
-    """Mixtral's save_pretrained folder (one tensor per expert) compiles by default to a
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """The MoE families of test_checkpoint_moe: CI runs Mixtral and the fixed sample."""
+    if "moe_type" in metafunc.fixturenames:
+        from tests.compiler.test_checkpoint_moe import HUB_NAMES
+        from tests.sweeps import sweep
+
+        metafunc.parametrize("moe_type", sweep(metafunc.config, sorted(HUB_NAMES), str,
+                                               always={"mixtral"}))
+
+
+def test_a_moe_checkpoint_folder_generates_with_fused_experts(moe_type, tmp_path):
+    """A MoE model's save_pretrained folder (one tensor per expert) compiles by default to a
     generation artifact whose step runs the fused `moe` block, and generates what transformers
     does. Exported on the meta device, transformers counts the experts' tokens as int32 (a
-    form the `moe` rule once missed, leaving the step derivation to refuse the block)."""
+    form the `moe` rule once missed, leaving the step derivation to refuse the block).
+    `pytest --sweep` runs every family (Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek-V3)."""
     from tests.compiler.test_checkpoint_moe import tiny_moe
     from tests.generation.test_generate_matches_transformers import (
         assert_same_greedy,
         transformers_generate,
     )
 
-    hf = tiny_moe("mixtral")
+    hf = tiny_moe(moe_type)
     hf.generation_config.eos_token_id = None
     hf.save_pretrained(tmp_path / "ckpt")
     out = tmp_path / "moe.dz"
