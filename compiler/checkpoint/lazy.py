@@ -45,7 +45,9 @@ class StreamStats:
     bytes_written: int = 0
     shards_opened: list[str] = field(default_factory=list)
     conversions: Counter = field(default_factory=Counter)  # (source, target) -> tensor count
-    materialized: int = 0  # tensors a pass read whole (torch.as_tensor / np.asarray)
+    # tensors read whole: by a pass (torch.as_tensor / np.asarray), or at write time by a
+    # deferred job (a quantization, a fold) that computes from one source tensor at a time
+    materialized: int = 0
 
     def summary(self, total_shards: int) -> str:
         changes = ", ".join(f"{s}->{t} x{n}" for (s, t), n in sorted(
@@ -54,7 +56,8 @@ class StreamStats:
                 f"shards: {_size(self.bytes_read)} read, {_size(self.bytes_written)} written; "
                 f"dtype changes: {changes}")
         if self.materialized:
-            line += f"; {self.materialized} tensors read whole by passes"
+            line += (f"; {self.materialized} tensors read whole (to quantize, fold or convert "
+                     "them, one at a time)")
         return line
 
 
