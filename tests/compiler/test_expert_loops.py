@@ -106,14 +106,22 @@ def test_a_module_the_contract_does_not_describe_keeps_its_forward(tmp_path):
                          dynamic_shapes=({0: Dim("tokens", min=2, max=64)},))
 
 
-def test_the_swap_is_checked_on_meta_weights_and_undone_after_tracing():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_swap_is_checked_on_meta_weights_and_undone_after_tracing(dtype):
     with torch.device("meta"):
-        model = Block(LoopExperts(transposed=True, identity=IDENTITY))
+        model = Block(LoopExperts(transposed=True, identity=IDENTITY)).to(dtype)
     with traceable_experts(model) as swapped:
         assert swapped == ["experts"]
         assert "forward" in vars(model.experts)
     assert "forward" not in vars(model.experts)
-    assert all(p.device.type == "meta" for p in model.parameters())
+    assert all(p.device.type == "meta" and p.dtype == dtype for p in model.parameters())
+
+
+def test_a_bfloat16_expert_loop_in_memory_is_swapped():
+    torch.manual_seed(0)
+    model = Block(LoopExperts(interleaved=True, identity=IDENTITY)).to(torch.bfloat16)
+    with traceable_experts(model) as swapped:
+        assert swapped == ["experts"]
 
 
 def test_longcat_flash_with_identity_experts_compiles_and_matches_eager(tmp_path):
