@@ -22,7 +22,7 @@ def native_extension(root: str = ".") -> Extension:
         sources=[f"{native}/custom_ops.cc", f"{native}/causal_attention.cc",
                  f"{native}/paged_op.cc", f"{native}/paged_attention.cc"],
         depends=[f"{native}/causal_attention.h", f"{native}/paged_attention.h",
-                 f"{native}/ort_abi.h"],
+                 f"{native}/ort_abi.h", f"{native}/op_support.h"],
         language="c++",
         extra_compile_args=["-std=c++17", "-O3", "-fvisibility=hidden"],
         optional=True,

@@ -147,6 +147,8 @@ def test_default_scale_and_large_scores():
     (dict(num_heads=1, kv_num_heads=1), dict(q=(1, 2, 1040), k=(1, 2, 1040), v=(1, 2, 1040)),
      "the head size must be 1 to 1024"),
     (dict(num_heads=4, kv_num_heads=2), dict(qkv=(1, 4, 0)), "query's last dim 0"),
+    (dict(num_heads=4, kv_num_heads=2), dict(qkv=(1, 1, 4, 64)),
+     "input 0 has rank 4; expected 2 or 3"),
 ])
 def test_bad_input_is_named(attrs, feeds, message):
     names = ["qkv" if "qkv" in feeds else "q"] + [n if n in feeds else ""

@@ -24,6 +24,7 @@
 #include <string>
 
 #include "causal_attention.h"
+#include "op_support.h"
 #include "ort_abi.h"
 
 namespace dayzero {
@@ -41,44 +42,26 @@ struct Kernel {
   float scale = 0.0f;  // 0: 1 / sqrt(head_size)
 };
 
+constexpr const char* kOp = "CausalAttention";
+
 ort::Status* Error(const ort::Api* api, const std::string& message) {
-  return api->CreateStatus(ort::kInvalidArgument, ("CausalAttention: " + message).c_str());
+  return dayzero::OpError(api, kOp, message);
 }
 
-// The attribute's value, or `fallback` when the node does not set it.
-template <typename T, typename Get>
-T Attribute(const ort::Api* api, Get get, const ort::KernelInfo* info, const char* name,
-            T fallback) {
-  T value{};
-  if (ort::Status* status = (api->*get)(info, name, &value)) {
-    api->ReleaseStatus(status);
-    return fallback;
-  }
-  return value;
-}
-
-// Out of memory, or (never expected) any other exception, as an ORT status.
 ort::Status* Failure(const ort::Api* api, const char* where) noexcept {
-  try {
-    throw;  // called from a catch block: rethrows what it caught
-  } catch (const std::bad_alloc&) {
-    return api->CreateStatus(ort::kFail, (std::string("CausalAttention: out of memory in ") +
-                                          where).c_str());
-  } catch (...) {
-    return api->CreateStatus(ort::kFail, "CausalAttention: unexpected C++ exception");
-  }
+  return dayzero::OpFailure(api, kOp, where);
 }
 
 ort::Status* CreateKernel(const ort::CustomOp*, const ort::Api* api, const ort::KernelInfo* info,
                           void** out) noexcept {
   Kernel attrs{api};
-  attrs.num_heads = Attribute<int64_t>(api, &ort::Api::KernelInfoGetAttributeInt64, info,
+  attrs.num_heads = dayzero::Attribute<int64_t>(api, &ort::Api::KernelInfoGetAttributeInt64, info,
                                        "num_heads", 0);
-  attrs.kv_heads = Attribute<int64_t>(api, &ort::Api::KernelInfoGetAttributeInt64, info,
+  attrs.kv_heads = dayzero::Attribute<int64_t>(api, &ort::Api::KernelInfoGetAttributeInt64, info,
                                       "kv_num_heads", 0);
-  attrs.interleaved = Attribute<int64_t>(api, &ort::Api::KernelInfoGetAttributeInt64, info,
+  attrs.interleaved = dayzero::Attribute<int64_t>(api, &ort::Api::KernelInfoGetAttributeInt64, info,
                                          "rotary_interleaved", 0);
-  attrs.scale = Attribute<float>(api, &ort::Api::KernelInfoGetAttributeFloat, info, "scale",
+  attrs.scale = dayzero::Attribute<float>(api, &ort::Api::KernelInfoGetAttributeFloat, info, "scale",
                                  0.0f);
   // Bounded here, so that no product of them (num_heads + 2 * kv_num_heads columns, a head's
   // offset) can overflow when the shapes are read.
@@ -98,50 +81,11 @@ ort::Status* CreateKernel(const ort::CustomOp*, const ort::Api* api, const ort::
   return nullptr;
 }
 
-// An input's float32 data and dimensions; data stays null for an absent optional input.
-struct Tensor {
-  const float* data = nullptr;
-  int64_t dims[4] = {0, 0, 0, 0};
-  size_t rank = 0;
-};
+using Tensor = dayzero::InputTensor;
 
 ort::Status* ReadInput(const ort::Api* api, ort::KernelContext* context, size_t index,
                        Tensor* out) {
-  const ort::Value* value = nullptr;
-  if (ort::Status* status = api->KernelContextGetInput(context, index, &value)) return status;
-  if (value == nullptr) return nullptr;
-  ort::TensorTypeAndShapeInfo* info = nullptr;
-  if (ort::Status* status = api->GetTensorTypeAndShape(value, &info)) return status;
-  ort::ElementType type = ort::kUndefined;
-  ort::Status* status = api->GetTensorElementType(info, &type);
-  if (!status) status = api->GetDimensionsCount(info, &out->rank);
-  if (!status && (out->rank < 2 || out->rank > 3)) {
-    status = Error(api, "input " + std::to_string(index) + " has rank " +
-                            std::to_string(out->rank) + "; expected 2 or 3");
-  }
-  if (!status) status = api->GetDimensions(info, out->dims, out->rank);
-  api->ReleaseTensorTypeAndShapeInfo(info);
-  if (!status && type != ort::kFloat) {
-    status = Error(api, "input " + std::to_string(index) + " is not float32");
-  }
-  if (!status) {
-    void* data = nullptr;
-    status = api->GetTensorMutableData(const_cast<ort::Value*>(value), &data);
-    out->data = static_cast<const float*>(data);
-  }
-  return status;
-}
-
-struct Pool {
-  const ort::Api* api;
-  ort::KernelContext* context;
-  ort::Status* status;
-};
-
-void RunParallel(void* runner, dayzero::TaskFn fn, void* data, size_t total) {
-  auto* pool = static_cast<Pool*>(runner);
-  if (pool->status) return;
-  pool->status = pool->api->KernelContextParallelFor(pool->context, fn, total, 0, data);
+  return dayzero::ReadInput(api, kOp, context, index, 2, 3, ort::kFloat, out);
 }
 
 // Fills in the problem's shapes from the inputs; an error names what does not fit.
@@ -176,16 +120,16 @@ ort::Status* Describe(const Kernel& k, const Tensor in[kInputs], dayzero::Attent
   p->num_heads = k.num_heads;
   p->kv_heads = k.kv_heads;
   p->head_size = size;
-  p->q = {q.data, hidden, seq * hidden};
+  p->q = {q.f(), hidden, seq * hidden};
   if (packed) {
-    p->k = {q.data + k.num_heads * size, hidden, seq * hidden};
-    p->v = {q.data + (k.num_heads + k.kv_heads) * size, hidden, seq * hidden};
+    p->k = {q.f() + k.num_heads * size, hidden, seq * hidden};
+    p->v = {q.f() + (k.num_heads + k.kv_heads) * size, hidden, seq * hidden};
   } else {
-    p->k = {key.data, kv_width, seq * kv_width};
-    p->v = {value.data, kv_width, seq * kv_width};
+    p->k = {key.f(), kv_width, seq * kv_width};
+    p->v = {value.f(), kv_width, seq * kv_width};
   }
-  p->cos = cos.data;
-  p->sin = sin.data;
+  p->cos = cos.f();
+  p->sin = sin.f();
   p->cache_rows = cos.data ? cos.dims[0] : 0;
   p->rotary_half = cos.data ? cos.dims[1] : 0;
   p->interleaved = k.interleaved != 0;
@@ -204,14 +148,10 @@ ort::Status* ComputeOrThrow(void* kernel, ort::KernelContext* context) {
   dayzero::AttentionProblem problem;
   if (ort::Status* status = Describe(k, in, &problem)) return status;
   const int64_t dims[3] = {problem.batch, problem.seq, problem.num_heads * problem.head_size};
-  ort::Value* output = nullptr;
-  if (ort::Status* status = api->KernelContextGetOutput(context, 0, dims, 3, &output))
+  if (ort::Status* status = dayzero::FloatOutput(api, context, 0, dims, &problem.out))
     return status;
-  void* out = nullptr;
-  if (ort::Status* status = api->GetTensorMutableData(output, &out)) return status;
-  problem.out = static_cast<float*>(out);
-  Pool pool{api, context, nullptr};
-  if (const char* why = dayzero::CausalAttention(problem, RunParallel, &pool)) {
+  dayzero::ThreadPool pool{api, context, nullptr};
+  if (const char* why = dayzero::CausalAttention(problem, dayzero::RunParallel, &pool)) {
     if (pool.status) api->ReleaseStatus(pool.status);
     return Error(api, why);
   }

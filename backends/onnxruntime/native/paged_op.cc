@@ -22,6 +22,7 @@
 #include <new>
 #include <string>
 
+#include "op_support.h"
 #include "ort_abi.h"
 #include "paged_attention.h"
 
@@ -37,30 +38,14 @@ struct Kernel {
   float scale = 0.0f, softcap = 0.0f;
 };
 
+constexpr const char* kOp = "PagedAttention";
+
 ort::Status* Error(const ort::Api* api, const std::string& message) {
-  return api->CreateStatus(ort::kInvalidArgument, ("PagedAttention: " + message).c_str());
+  return OpError(api, kOp, message);
 }
 
 ort::Status* Failure(const ort::Api* api, const char* where) noexcept {
-  try {
-    throw;  // called from a catch block: rethrows what it caught
-  } catch (const std::bad_alloc&) {
-    return api->CreateStatus(ort::kFail, (std::string("PagedAttention: out of memory in ") +
-                                          where).c_str());
-  } catch (...) {
-    return api->CreateStatus(ort::kFail, "PagedAttention: unexpected C++ exception");
-  }
-}
-
-template <typename T, typename Get>
-T Attribute(const ort::Api* api, Get get, const ort::KernelInfo* info, const char* name,
-            T fallback) {
-  T value{};
-  if (ort::Status* status = (api->*get)(info, name, &value)) {
-    api->ReleaseStatus(status);
-    return fallback;
-  }
-  return value;
+  return OpFailure(api, kOp, where);
 }
 
 ort::Status* CreateKernel(const ort::CustomOp*, const ort::Api* api, const ort::KernelInfo* info,
@@ -89,41 +74,12 @@ ort::Status* CreateKernel(const ort::CustomOp*, const ort::Api* api, const ort::
   return nullptr;
 }
 
-struct Tensor {
-  const void* data = nullptr;  // null for an absent optional input
-  int64_t dims[3] = {0, 0, 0};
-  size_t rank = 0;
-  const float* f() const { return static_cast<const float*>(data); }
-  const int64_t* i() const { return static_cast<const int64_t*>(data); }
-};
+using Tensor = InputTensor;
 
 ort::Status* ReadInput(const ort::Api* api, ort::KernelContext* context, size_t index,
                        Tensor* out) {
-  const ort::Value* value = nullptr;
-  if (ort::Status* status = api->KernelContextGetInput(context, index, &value)) return status;
-  if (value == nullptr) return nullptr;
-  ort::TensorTypeAndShapeInfo* info = nullptr;
-  if (ort::Status* status = api->GetTensorTypeAndShape(value, &info)) return status;
-  ort::ElementType type = ort::kUndefined;
-  ort::Status* status = api->GetTensorElementType(info, &type);
-  if (!status) status = api->GetDimensionsCount(info, &out->rank);
-  if (!status && (out->rank < 1 || out->rank > 3)) {
-    status = Error(api, "input " + std::to_string(index) + " has rank " +
-                            std::to_string(out->rank) + "; expected 1 to 3");
-  }
-  if (!status) status = api->GetDimensions(info, out->dims, out->rank);
-  api->ReleaseTensorTypeAndShapeInfo(info);
-  const ort::ElementType want = index < kFirstIndexInput ? ort::kFloat : ort::kInt64;
-  if (!status && type != want) {
-    status = Error(api, "input " + std::to_string(index) + " is not " +
-                            (want == ort::kFloat ? "float32" : "int64"));
-  }
-  if (!status) {
-    void* data = nullptr;
-    status = api->GetTensorMutableData(const_cast<ort::Value*>(value), &data);
-    out->data = data;
-  }
-  return status;
+  return dayzero::ReadInput(api, kOp, context, index, 1, 3,
+                            index < kFirstIndexInput ? ort::kFloat : ort::kInt64, out);
 }
 
 bool Is(const Tensor& t, std::initializer_list<int64_t> dims) {
@@ -195,29 +151,6 @@ ort::Status* Describe(const Kernel& k, const Tensor in[kInputs], PagedProblem* p
   return nullptr;
 }
 
-struct Pool {
-  const ort::Api* api;
-  ort::KernelContext* context;
-  ort::Status* status;
-};
-
-void RunParallel(void* runner, TaskFn fn, void* data, size_t total) {
-  auto* pool = static_cast<Pool*>(runner);
-  if (pool->status) return;
-  pool->status = pool->api->KernelContextParallelFor(pool->context, fn, total, 0, data);
-}
-
-ort::Status* Output(const ort::Api* api, ort::KernelContext* context, size_t index,
-                    const int64_t (&dims)[3], float** out) {
-  ort::Value* value = nullptr;
-  if (ort::Status* status = api->KernelContextGetOutput(context, index, dims, 3, &value))
-    return status;
-  void* data = nullptr;
-  if (ort::Status* status = api->GetTensorMutableData(value, &data)) return status;
-  *out = static_cast<float*>(data);
-  return nullptr;
-}
-
 ort::Status* ComputeOrThrow(void* kernel, ort::KernelContext* context) {
   const Kernel& k = *static_cast<Kernel*>(kernel);
   const ort::Api* api = k.api;
@@ -230,10 +163,10 @@ ort::Status* ComputeOrThrow(void* kernel, ort::KernelContext* context) {
   const int64_t out_dims[3] = {1, p.tokens, p.num_heads * p.v_size};
   const int64_t k_dims[3] = {p.tokens, p.kv_heads, p.head_size};
   const int64_t v_dims[3] = {p.tokens, p.kv_heads, p.v_size};
-  if (ort::Status* status = Output(api, context, 0, out_dims, &p.out)) return status;
-  if (ort::Status* status = Output(api, context, 1, k_dims, &p.new_k)) return status;
-  if (ort::Status* status = Output(api, context, 2, v_dims, &p.new_v)) return status;
-  Pool pool{api, context, nullptr};
+  if (ort::Status* status = FloatOutput(api, context, 0, out_dims, &p.out)) return status;
+  if (ort::Status* status = FloatOutput(api, context, 1, k_dims, &p.new_k)) return status;
+  if (ort::Status* status = FloatOutput(api, context, 2, v_dims, &p.new_v)) return status;
+  ThreadPool pool{api, context, nullptr};
   if (const char* why = PagedAttention(p, RunParallel, &pool)) {
     if (pool.status) api->ReleaseStatus(pool.status);
     return Error(api, why);
