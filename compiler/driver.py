@@ -93,6 +93,8 @@ def compile(model, example_inputs: tuple, out: str | Path = "model.dz",
                                                         for name, sym in aliases.items()))
             if refined.refinements:
                 refinements = _log_refinements(graph, refined, aliases, log)
+            if refined.grouped_experts:
+                log.line(_grouped_experts_line(refined.grouped_experts))
     if specialized is not None:
         from .static_sizes import compile_sizes
 
@@ -103,6 +105,8 @@ def compile(model, example_inputs: tuple, out: str | Path = "model.dz",
     manifest = dict(_bundle[1]) if _bundle is not None else {}
     if refinements is not None:
         manifest["export_refinements"] = refinements
+    if refined.grouped_experts:
+        manifest["export_grouped_experts"] = list(refined.grouped_experts)
     files = {**files, **(_bundle[0] if _bundle is not None else {})}
     if checkpoint is None:
         return lower_and_write(graph, out, target, cfg, passes=passes, dump_ir=dump_ir,
@@ -133,6 +137,14 @@ def _log_refinements(graph: Graph, refined: RefineState, aliases: Mapping[str, s
     log.line(f"  torch.export refused the dynamic shapes as given; applied its suggested fixes: "
              f"{'; '.join(fixes)}; compiled ranges: {shown}")
     return {"fixes": fixes, "ranges": ranges}
+
+
+def _grouped_experts_line(names: list[str], shown: int = 3) -> str:
+    """Which expert loops the export traced through transformers' grouped experts (a
+    substitution the user should know of; the manifest lists them all)."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return (f"  {len(names)} expert loop(s) traced as transformers' grouped experts (a probe "
+            f"showed the same outputs): {', '.join(names[:shown])}{more}")
 
 
 def symbol_aliases(graph: Graph, dynamic_shapes: Any) -> dict[str, str]:

@@ -103,9 +103,11 @@ def _trace(model: torch.nn.Module, args: tuple, dynamic_shapes,
     try:
         for attempt in range(MAX_ROUNDS + 1):
             try:
-                with torch.no_grad(), traceable_experts(model):
-                    return torch.export.export(model, args, dynamic_shapes=dynamic_shapes,
-                                               strict=False)
+                with torch.no_grad(), traceable_experts(model) as swapped:
+                    program = torch.export.export(model, args, dynamic_shapes=dynamic_shapes,
+                                                  strict=False)
+                state.grouped_experts = swapped
+                return program
             except Exception as exc:  # torch.export raises many unrelated exception types
                 found = refine(exc, dynamic_shapes) if attempt < MAX_ROUNDS else None
                 if found is None:

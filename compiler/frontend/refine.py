@@ -50,10 +50,12 @@ class SpecializedDims(DayzeroError):
 @dataclass
 class RefineState:
     """What the retries of one export applied (read by the driver for its log and manifest):
-    the fixes, and the dynamic_shapes the successful trace ran with (None: the user's)."""
+    the fixes, the dynamic_shapes the successful trace ran with (None: the user's), and the
+    expert-loop modules traced through transformers' grouped experts (expert_loops.py)."""
 
     refinements: list[Refinement] = field(default_factory=list)
     dynamic_shapes: Any = None
+    grouped_experts: list[str] = field(default_factory=list)
 
 
 def fix_lines(text: str) -> list[str]:

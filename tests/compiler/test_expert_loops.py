@@ -10,6 +10,9 @@ torch.export as before.
 
 from __future__ import annotations
 
+import io
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -20,6 +23,7 @@ import runtime
 from compiler.errors import DayzeroError
 from compiler.frontend.expert_loops import traceable_experts
 from compiler.hf_models import wrap_pretrained
+from compiler.log import StageLog
 from tests.numerics import assert_fp32_close
 
 EXPERTS, IDENTITY, HIDDEN, INNER, TOP_K = 4, 2, 16, 8, 2
@@ -84,9 +88,14 @@ class Block(torch.nn.Module):
 def test_an_expert_loop_compiles_and_matches_eager(layout, tmp_path):
     torch.manual_seed(0)
     model = Block(LoopExperts(**layout)).eval()
+    stream = io.StringIO()
     path = compiler.compile(model, (torch.randn(12, HIDDEN),), tmp_path / "m.dz",
-                            dynamic_shapes=({0: Dim("tokens", min=2, max=64)},))
+                            dynamic_shapes=({0: Dim("tokens", min=2, max=64)},),
+                            log=StageLog(stream))
+    assert "1 expert loop(s) traced as transformers' grouped experts" in stream.getvalue()
     assert "grouped_matmul" in (path / "graph.dzir").read_text()
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["export_grouped_experts"] == ["experts"]  # the user is told of the swap
     loaded = runtime.load(path)
     for tokens in (2, 7, 33):
         x = torch.randn(tokens, HIDDEN, generator=torch.Generator().manual_seed(tokens))
@@ -143,6 +152,9 @@ def test_longcat_flash_with_identity_experts_compiles_and_matches_eager(tmp_path
                                      "longcat_flash")
     path = compiler.compile(module, inputs, tmp_path / "m.dz",
                             dynamic_shapes=({1: Dim("seq", max=64)},))
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["export_grouped_experts"] == [f"model.model.layers.{i}.mlp.experts"
+                                                  for i in range(2)]
     loaded = runtime.load(path)
     for length in (3, 13):
         ids = torch.randint(0, 128, (1, length), generator=torch.Generator().manual_seed(length))
