@@ -86,27 +86,34 @@ def test_generate_on_a_forward_artifact_says_how_to_compile_one(folder, tmp_path
     assert "--task text-generation" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name", ["gpt2", "qwen3", "mistral", "gemma2", "phi3"])
-def test_each_architecture_generates_from_its_checkpoint_folder(name, tmp_path):
-    """The module tests' architectures again, as `save_pretrained` folders compiled by the CLI
-    (text-generation by default for a *ForCausalLM)."""
+def _compiles_and_generates_as_transformers(hf, folder, seq_len: str, ids: torch.Tensor,
+                                            new: int):
+    """`hf`'s save_pretrained folder compiled by the CLI (text generation by default for a
+    *ForCausalLM), its greedy tokens against transformers'; the artifact's path."""
     from tests.generation.test_generate_matches_transformers import (
         assert_same_greedy,
         transformers_generate,
     )
+
+    hf.generation_config.eos_token_id = None
+    hf.save_pretrained(folder / "ckpt")
+    out = folder / "lm.dz"
+    assert main(["compile", str(folder / "ckpt"), "-o", str(out), "--seq-len", seq_len,
+                 "-q"]) == 0
+    want, logits = transformers_generate(hf, ids, new)
+    got = runtime.load(out).generate(ids.numpy(), max_new_tokens=new, eos_token_id=[])
+    assert_same_greedy(got[0], want, logits, ids.shape[1])
+    return out
+
+
+@pytest.mark.parametrize("name", ["gpt2", "qwen3", "mistral", "gemma2", "phi3"])
+def test_each_architecture_generates_from_its_checkpoint_folder(name, tmp_path):
+    """The module tests' architectures again, as `save_pretrained` folders compiled by the CLI
+    (text-generation by default for a *ForCausalLM)."""
     from tests.generation.tiny_lms import prompt, tiny_lm
 
-    hf = tiny_lm(name)
-    hf.generation_config.eos_token_id = None
-    hf.save_pretrained(tmp_path / "ckpt")
-    out = tmp_path / "lm.dz"
-    assert main(["compile", str(tmp_path / "ckpt"), "-o", str(out), "--seq-len", "2:64",
-                 "-q"]) == 0
-    model = runtime.load(out)
-    ids = prompt(7, seed=5)
-    want, logits = transformers_generate(hf, ids, 16)
-    got = model.generate(ids.numpy(), max_new_tokens=16, eos_token_id=[])
-    assert_same_greedy(got[0], want, logits, 7)
+    _compiles_and_generates_as_transformers(tiny_lm(name), tmp_path, "2:64", prompt(7, seed=5),
+                                            16)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -126,19 +133,8 @@ def test_a_moe_checkpoint_folder_generates_with_fused_experts(moe_type, tmp_path
     form the `moe` rule once missed, leaving the step derivation to refuse the block).
     `pytest --sweep` runs every family (Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek-V3)."""
     from tests.compiler.test_checkpoint_moe import tiny_moe
-    from tests.generation.test_generate_matches_transformers import (
-        assert_same_greedy,
-        transformers_generate,
-    )
 
     hf = tiny_moe(moe_type)
-    hf.generation_config.eos_token_id = None
-    hf.save_pretrained(tmp_path / "ckpt")
-    out = tmp_path / "moe.dz"
-    assert main(["compile", str(tmp_path / "ckpt"), "-o", str(out), "--seq-len", "2:48",
-                 "-q"]) == 0
-    assert " = moe(" in (out / "graph.dzir").read_text()
     ids = torch.randint(0, hf.config.vocab_size, (1, 7), generator=torch.Generator().manual_seed(3))
-    want, logits = transformers_generate(hf, ids, 12)
-    got = runtime.load(out).generate(ids.numpy(), max_new_tokens=12, eos_token_id=[])
-    assert_same_greedy(got[0], want, logits, 7)
+    out = _compiles_and_generates_as_transformers(hf, tmp_path, "2:48", ids, 12)
+    assert " = moe(" in (out / "graph.dzir").read_text()
