@@ -51,7 +51,8 @@ def traceable_experts(model: torch.nn.Module) -> Iterator[list[str]]:
     """Within the block, every expert-loop module of `model` that a probe shows to be
     transformers' experts contract runs the grouped implementation. Yields the names of the
     modules swapped; restores their own forwards on exit."""
-    swapped: list[tuple[torch.nn.Module, str]] = []
+    # (module, its name, the forward its instance held before: a hook's, say, or None)
+    swapped: list[tuple[torch.nn.Module, str, object]] = []
     verified: dict[type, _Layout | None] = {}
     try:
         for name, module in model.named_modules():
@@ -61,12 +62,15 @@ def traceable_experts(model: torch.nn.Module) -> Iterator[list[str]]:
             if kind not in verified:
                 verified[kind] = _verified_layout(module)
             if verified[kind] is not None:
+                swapped.append((module, name, vars(module).get("forward")))
                 module.forward = _grouped_forward(module, verified[kind])
-                swapped.append((module, name))
-        yield [name for _, name in swapped]
+        yield [name for _, name, _ in swapped]
     finally:
-        for module, _ in swapped:
-            del module.forward  # the instance attribute; the class's forward shows through
+        for module, _, previous in swapped:
+            if previous is None:
+                del module.forward  # the class's forward shows through again
+            else:
+                module.forward = previous
 
 
 def _follows_contract(module: torch.nn.Module) -> bool:

@@ -10,6 +10,7 @@ torch.export as before.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 
@@ -124,6 +125,21 @@ def test_the_swap_is_checked_on_meta_weights_and_undone_after_tracing(dtype):
         assert "forward" in vars(model.experts)
     assert "forward" not in vars(model.experts)
     assert all(p.device.type == "meta" and p.dtype == dtype for p in model.parameters())
+
+
+def test_a_forward_the_instance_held_is_restored():
+    """A hook library's wrapper set on the instance (accelerate does so) comes back."""
+    model = Block(LoopExperts())
+    own = model.experts.forward
+
+    @functools.wraps(own)
+    def hooked(*args, **kwargs):
+        return own(*args, **kwargs)
+
+    model.experts.forward = hooked
+    with traceable_experts(model) as swapped:
+        assert swapped == ["experts"] and model.experts.forward is not hooked
+    assert model.experts.forward is hooked
 
 
 def test_a_bfloat16_expert_loop_in_memory_is_swapped():
