@@ -9,10 +9,9 @@ from compiler.ir import DType, Graph, Node, TensorType, get_op
 from compiler.ir.ops.fused import Emitter
 from compiler.ir.ops.moe import padded, shared_expert
 from compiler.ir.ops.quantized_moe import MOE_ATTRS
-from compiler.ir.weights import is_lazy
 
 from .base import Pass, PassResult
-from .quantize_weights import QuantizeWeights, quantize, unused_weight_name
+from .quantize_weights import QuantizeWeights, quantize, quantized_weight, unused_weight_name
 from .registry import register_pass
 
 
@@ -96,15 +95,11 @@ class QuantizeExperts(Pass):
         [out, in] matrix quantized along `in`. A stack streamed from a checkpoint gets lazy
         handles, quantized when the writer reaches them: the pass reads no checkpoint data,
         and the compile holds one stack's codes at a time, not the whole model's."""
-        data: Any = graph.weight_data[stack.name]
         experts, k, n = stack.shape
         blocks = k // self.group_size
         shapes = ((experts, n, blocks, self.group_size * self.bits // 8), (experts, n, blocks))
-        if is_lazy(data):
-            codes, scales = data.quantize_lazily(self.bits, self.group_size, quantize_stack,
-                                                 shapes)
-        else:
-            codes, scales = quantize_stack(data, self.bits, self.group_size)
+        codes, scales = quantized_weight(graph, stack.name, self.bits, self.group_size,
+                                   quantize_stack, shapes)
         return [graph.add_weight(unused_weight_name(graph, f"{stack.name}.q{self.bits}"),
                                  TensorType(DType.u8, shapes[0]), codes),
                 graph.add_weight(unused_weight_name(graph, f"{stack.name}.scales"),

@@ -104,7 +104,7 @@ class QuantizeWeights(Pass):
 
     def _replace(self, graph: Graph, node: Node) -> None:
         w = node.inputs[1]
-        codes, scales = _quantized(graph, w.name, self.bits, self.group_size)
+        codes, scales = quantized_weight(graph, w.name, self.bits, self.group_size)
         k = int(w.shape[1])
         qname = unused_weight_name(graph, f"{w.name}.q{self.bits}")
         sname = unused_weight_name(graph, f"{w.name}.scales")
@@ -151,18 +151,20 @@ def quantize(weight: Any, bits: int, group_size: int) -> tuple[Any, Any]:
     return codes.contiguous(), scale.reshape(-1).to(torch.as_tensor(weight).dtype)
 
 
-def _quantized(graph: Graph, name: str, bits: int, group_size: int) -> tuple[Any, Any]:
-    """Codes and scales of weight `name`: computed now for data in memory; for a weight
-    streamed from a checkpoint, two lazy handles that quantize it when the artifact writer
-    reaches them (one source tensor in memory at a time)."""
+def quantized_weight(graph: Graph, name: str, bits: int, group_size: int,
+                     rule: Any = quantize, shapes: tuple | None = None) -> tuple[Any, Any]:
+    """Codes and scales of weight `name` by `rule` (`quantize` by default; `shapes` are its
+    results' where the rule is another, see quantize_lazily): computed now for data in memory;
+    for a weight streamed from a checkpoint, two lazy handles that quantize it when the
+    artifact writer reaches them (one source tensor in memory at a time)."""
     import numpy as np
     import torch
 
     data = graph.weight_data.get(name)
     if is_lazy(data):
-        return data.quantize_lazily(bits, group_size, quantize)
+        return data.quantize_lazily(bits, group_size, rule, shapes)
     if isinstance(data, (torch.Tensor, np.ndarray)):
-        return quantize(data, bits, group_size)
+        return rule(data, bits, group_size)
     raise DayzeroError(f"weight '{name}' has no data to quantize", f"weight {name}",
                        "quantize a model built with its weights (or a checkpoint)")
 
