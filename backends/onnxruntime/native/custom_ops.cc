@@ -55,14 +55,12 @@ ort::Status* Failure(const ort::Api* api, const char* where) noexcept {
 ort::Status* CreateKernel(const ort::CustomOp*, const ort::Api* api, const ort::KernelInfo* info,
                           void** out) noexcept {
   Kernel attrs{api};
-  attrs.num_heads = dayzero::Attribute<int64_t>(api, &ort::Api::KernelInfoGetAttributeInt64, info,
-                                       "num_heads", 0);
-  attrs.kv_heads = dayzero::Attribute<int64_t>(api, &ort::Api::KernelInfoGetAttributeInt64, info,
-                                      "kv_num_heads", 0);
-  attrs.interleaved = dayzero::Attribute<int64_t>(api, &ort::Api::KernelInfoGetAttributeInt64, info,
-                                         "rotary_interleaved", 0);
-  attrs.scale = dayzero::Attribute<float>(api, &ort::Api::KernelInfoGetAttributeFloat, info, "scale",
-                                 0.0f);
+  const auto i64 = &ort::Api::KernelInfoGetAttributeInt64;
+  attrs.num_heads = dayzero::Attribute<int64_t>(api, i64, info, "num_heads", 0);
+  attrs.kv_heads = dayzero::Attribute<int64_t>(api, i64, info, "kv_num_heads", 0);
+  attrs.interleaved = dayzero::Attribute<int64_t>(api, i64, info, "rotary_interleaved", 0);
+  attrs.scale = dayzero::Attribute<float>(api, &ort::Api::KernelInfoGetAttributeFloat, info,
+                                          "scale", 0.0f);
   // Bounded here, so that no product of them (num_heads + 2 * kv_num_heads columns, a head's
   // offset) can overflow when the shapes are read.
   if (attrs.num_heads <= 0 || attrs.num_heads > dayzero::kMaxHeads || attrs.kv_heads <= 0 ||
