@@ -20,8 +20,10 @@ def native_extension(root: str = ".") -> Extension:
     return Extension(
         "backends.onnxruntime._dayzero_ort_ops",
         sources=[f"{native}/custom_ops.cc", f"{native}/causal_attention.cc",
-                 f"{native}/paged_op.cc", f"{native}/paged_attention.cc"],
+                 f"{native}/paged_op.cc", f"{native}/paged_attention.cc",
+                 f"{native}/int4_op.cc", f"{native}/int4_matmul.cc"],
         depends=[f"{native}/causal_attention.h", f"{native}/paged_attention.h",
+                 f"{native}/int4_matmul.h",
                  f"{native}/ort_abi.h", f"{native}/op_support.h"],
         language="c++",
         extra_compile_args=["-std=c++17", "-O3", "-fvisibility=hidden"],

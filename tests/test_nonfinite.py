@@ -285,6 +285,7 @@ CONTRIB_CASES = {  # case in tests/backends/onnxruntime_cases.py -> the variant 
     "add_layer_norm": "com.microsoft.SkipLayerNormalization",
     "quantized_linear_int4": "com.microsoft.MatMulNBits",
     "quantized_linear_int8": "com.microsoft.MatMulNBits",
+    "quantized_linear_int4_int8": "ai.dayzero.MatMulInt4",
     "sdpa_float_mask": "com.microsoft.MultiHeadAttention",
     "multi_head_attention_padding": "com.microsoft.MultiHeadAttention",
     "multi_head_attention_plain_gqa": "ai.dayzero.CausalAttention",

@@ -11,8 +11,9 @@ Listed: linear (FusedMatMul, no reshapes), gelu (Gelu / FastGelu), silu (QuickGe
 norms (SkipSimplifiedLayerNormalization / SkipLayerNormalization), attention
 (MultiHeadAttention) and the whole attention block with rotary (dayzero's own CausalAttention
 where its library is built, else GroupQueryAttention, see convert_heads and native_ops), and
-int4/int8 weights (MatMulNBits), mixture-of-experts blocks (MoE: routed experts only; QMoE
-for int4 experts). Not listed, and why:
+int4/int8 weights (dayzero's MatMulInt4 for int4 with int8 activations where its library is
+built, see convert_int4; else MatMulNBits), mixture-of-experts blocks (MoE: routed experts only;
+QMoE for int4 experts). Not listed, and why:
 - rms_norm: ORT's SimplifiedLayerNormalization kernel lives in the ONNX domain without being an
   ONNX op, so the checker rejects it; the standard form is emitted in the exact pattern ORT's
   optimizer fuses into that kernel at load time (see convert_nn.rms_norm).
@@ -32,6 +33,7 @@ from .builder import Builder
 from .convert_attention import mha, mha_fits
 from .convert_elementwise import Converter, in_dtype
 from .convert_fused import add_layer_norm, add_rms_norm, matmul_nbits, skip_norm_fits
+from .convert_int4 import int4_fits, matmul_int4
 from .convert_moe import moe, moe_fits, qmoe_fits
 from .convert_nn import linear_fused_matmul
 from .convert_paged import paged_attention, paged_fits
@@ -116,6 +118,8 @@ VARIANTS: dict[str, tuple[Variant, ...]] = {
                 _mha_fits, mha),
     ),
     "quantized_linear": (
+        Variant("ai.dayzero.MatMulInt4", (OrtKernel(NATIVE_DOMAIN, "MatMulInt4"),), int4_fits,
+                matmul_int4),
         Variant("com.microsoft.MatMulNBits", (OrtKernel(MS, "MatMulNBits"),), _float32,
                 matmul_nbits),
     ),

@@ -8,14 +8,17 @@ multiplies each block of queries only with the keys it may see; otherwise it tak
 and attributes (packed or separate q/k/v, half-width rotary caches), minus the length inputs a
 prompt without past does not need. `ai.dayzero.PagedAttention` runs `paged_attention` (a
 generation step over a paged KV cache) reading each visible key where it lives, instead of the
-decomposition's gathers of every token's keys (see convert_paged).
+decomposition's gathers of every token's keys (see convert_paged). `ai.dayzero.MatMulInt4` runs
+int4 weights with int8 activations reading fewer bytes per weight than MatMulNBits (see
+convert_int4).
 
 The library is optional. setup.py builds it where a C++17 compiler exists; where it is absent, or
 this onnxruntime refuses it, `kernels()` is empty, the lowering's kernel probe does not offer it,
-and attention lowers to ORT's own kernels as before (with the usual fallback warning). An
-artifact that uses it records that in its node map and also stores a portable model, the same
-graph lowered without the native kernels; loading it where the library is missing runs that one
-instead, with a `PortableFallbackWarning` naming the kernels (no re-lowering at load).
+and attention and int4 weights lower to ORT's own kernels as before (with the usual fallback
+warning). An artifact that uses it records that in its node map and also stores a portable
+model, the same graph lowered without the native kernels; loading it where the library is
+missing runs that one instead, with a `PortableFallbackWarning` naming the kernels (no
+re-lowering at load).
 
 This module is on the load path: it imports onnxruntime, never onnx or torch.
 """
@@ -29,7 +32,8 @@ from pathlib import Path
 
 DOMAIN = "ai.dayzero"
 LIBRARY = "_dayzero_ort_ops"  # the extension module setup.py builds, next to this file
-KERNELS = ((DOMAIN, "CausalAttention", "float"), (DOMAIN, "PagedAttention", "float"))
+KERNELS = ((DOMAIN, "CausalAttention", "float"), (DOMAIN, "PagedAttention", "float"),
+           (DOMAIN, "MatMulInt4", "float"))
 
 
 class NativeKernelWarning(UserWarning):

@@ -306,17 +306,17 @@ def _paged_latent(g):
 _PAGED_RANGES = {"seq_slots": (-3, 11), "token_seq": (0, 2), "token_len": (1, 10), "q": (-1, 1)}
 
 
-def _quantized_linear(bits: int, bias: bool):
+def _quantized_linear(bits: int, bias: bool, activations: str = "float", out: int = 5):
     """int4 / int8 weights in MatMulNBits' layout, from quantize_weights' own quantizer."""
     def build(g):
         from passes.quantize_weights import quantize
 
         x = g.add_input("x", t(F, 2, S, 64))
-        w, b = rng_arrays(11, (5, 64), (5,))
+        w, b = rng_arrays(11, (out, 64), (out,))
         codes, scales = (a.numpy() for a in quantize(w, bits, 32))
         return [op(g, "quantized_linear", [x, weight(g, "q", codes), weight(g, "s", scales),
                                            weight(g, "b", b) if bias else None],
-                   bits=bits, group_size=32, in_features=64).output]
+                   bits=bits, group_size=32, in_features=64, activations=activations).output]
     return build
 
 
@@ -594,6 +594,9 @@ CASES: dict[str, Case] = {
     "gated_mlp": Case(_gated_mlp),
     "quantized_linear_int4": Case(_quantized_linear(4, bias=True)),
     "quantized_linear_int8": Case(_quantized_linear(8, bias=False)),
+    # 16 outputs, int8 activations: dayzero's MatMulInt4 where its library is built
+    "quantized_linear_int4_int8": Case(_quantized_linear(4, bias=True, activations="int8",
+                                                         out=16)),
     "add_rms_norm": Case(_add_norm("add_rms_norm")),
     "add_layer_norm": Case(_add_norm("add_layer_norm")),
     "one_rank_collectives": Case(_one_rank_collectives),

@@ -14,6 +14,7 @@ from torch import nn
 
 import compiler
 import runtime
+from backends.onnxruntime import native_ops
 
 
 class TwoLinears(nn.Module):
@@ -42,7 +43,11 @@ def test_int8_activations_match_the_decomposition(tmp_path, bits):
     model = onnx.load(str(ort / "backend" / "model.onnx"), load_external_data=False)
     levels = [a.i for n in model.graph.node if n.op_type == "MatMulNBits"
               for a in n.attribute if a.name == "accuracy_level"]
-    assert levels == [4, 4]
+    # int4 with 96 outputs from 64 inputs runs on dayzero's MatMulInt4 where it is built
+    # (test_onnxruntime_int4.py); the other product (96 inputs, not a multiple of 64) cannot
+    native = [n for n in model.graph.node if n.op_type == "MatMulInt4"]
+    assert levels == [4] * (2 - len(native))
+    assert len(native) == (1 if bits == 4 and native_ops.library() is not None else 0)
     got, want = runtime.load(ort)(x)[0], runtime.load(reference)(x)[0]
     scale = float(np.abs(want).max())
     np.testing.assert_allclose(got, want, atol=1e-4 * scale, rtol=0)

@@ -1,5 +1,5 @@
-// dayzero's ONNX Runtime custom-op library: domain "ai.dayzero", ops CausalAttention and
-// PagedAttention (paged_op.cc).
+// dayzero's ONNX Runtime custom-op library: domain "ai.dayzero", ops CausalAttention,
+// PagedAttention (paged_op.cc) and MatMulInt4 (int4_op.cc).
 //
 // CausalAttention(query, key?, value?, cos_cache?, sin_cache?) -> output
 //   query  [batch, seq, num_heads * head_size], or [batch, seq, (num_heads + 2 * kv_num_heads)
@@ -29,6 +29,7 @@
 
 namespace dayzero {
 const ort::CustomOp* PagedAttentionOp();  // paged_op.cc
+const ort::CustomOp* MatMulInt4Op();      // int4_op.cc
 }  // namespace dayzero
 
 namespace {
@@ -215,6 +216,8 @@ extern "C" __attribute__((visibility("default"))) ort::Status* RegisterCustomOps
     if (ort::Status* status = api->CreateCustomOpDomain(kDomain, &domain)) return status;
     if (ort::Status* status = api->CustomOpDomainAdd(domain, &kCausalAttention)) return status;
     if (ort::Status* status = api->CustomOpDomainAdd(domain, dayzero::PagedAttentionOp()))
+      return status;
+    if (ort::Status* status = api->CustomOpDomainAdd(domain, dayzero::MatMulInt4Op()))
       return status;
     return api->AddCustomOpDomain(options, domain);
   } catch (...) {

@@ -78,8 +78,8 @@ inline ort::Status* ReadInput(const ort::Api* api, const char* op, ort::KernelCo
   if (!status) status = api->GetDimensions(info, out->dims, out->rank);
   api->ReleaseTensorTypeAndShapeInfo(info);
   if (!status && type != want) {
-    status = OpError(api, op, "input " + std::to_string(index) + " is not " +
-                                  (want == ort::kFloat ? "float32" : "int64"));
+    const char* name = want == ort::kFloat ? "float32" : want == ort::kUint8 ? "uint8" : "int64";
+    status = OpError(api, op, "input " + std::to_string(index) + " is not " + name);
   }
   if (!status) {
     void* data = nullptr;
@@ -89,17 +89,22 @@ inline ort::Status* ReadInput(const ort::Api* api, const char* op, ort::KernelCo
   return status;
 }
 
-// Allocates output `index` of shape `dims` and points `out` at its float32 data.
-template <size_t Rank>
-ort::Status* FloatOutput(const ort::Api* api, ort::KernelContext* context, size_t index,
-                         const int64_t (&dims)[Rank], float** out) {
+// Allocates output `index` of shape dims[0 .. rank) and points `out` at its float32 data.
+inline ort::Status* FloatOutput(const ort::Api* api, ort::KernelContext* context, size_t index,
+                                const int64_t* dims, size_t rank, float** out) {
   ort::Value* value = nullptr;
-  if (ort::Status* status = api->KernelContextGetOutput(context, index, dims, Rank, &value))
+  if (ort::Status* status = api->KernelContextGetOutput(context, index, dims, rank, &value))
     return status;
   void* data = nullptr;
   if (ort::Status* status = api->GetTensorMutableData(value, &data)) return status;
   *out = static_cast<float*>(data);
   return nullptr;
+}
+
+template <size_t Rank>
+ort::Status* FloatOutput(const ort::Api* api, ort::KernelContext* context, size_t index,
+                         const int64_t (&dims)[Rank], float** out) {
+  return FloatOutput(api, context, index, dims, Rank, out);
 }
 
 // A kernel's ParallelFor over ONNX Runtime's intra-op threads; the first failing call's status
