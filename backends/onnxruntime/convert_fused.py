@@ -18,7 +18,7 @@ import numpy as np
 from compiler.ir import Graph, Node
 from compiler.ir.ops.fused import Emitter, decompose_into
 
-from .builder import Builder
+from .builder import ONNX_DTYPES, Builder
 from .convert_elementwise import Converter, in_dtype
 from .convert_nn import rms_norm_eps
 
@@ -74,8 +74,12 @@ def matmul_nbits(b: Builder, node: Node, x: list) -> list:
     a = node.attrs
     n = node.inputs[1].type.shape[0]
     level = {"int8": {"accuracy_level": 4}}.get(a.get("activations", "float"), {})
-    out = b.op1("MatMulNBits", [x[0], x[1], x[2]], domain="com.microsoft", K=int(a["in_features"]),
-                N=int(n), bits=int(a["bits"]), block_size=int(a["group_size"]), **level)
+    scales = x[2]
+    if node.inputs[2].type.dtype != in_dtype(node):  # float16 scales: cast, folded at load
+        scales = b.op1("Cast", [scales], to=ONNX_DTYPES[in_dtype(node)])
+    out = b.op1("MatMulNBits", [x[0], x[1], scales], domain="com.microsoft",
+                K=int(a["in_features"]), N=int(n), bits=int(a["bits"]),
+                block_size=int(a["group_size"]), **level)
     return [out if x[3] is None else b.op1("Add", [out, x[3]])]
 
 

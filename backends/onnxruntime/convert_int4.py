@@ -1,12 +1,14 @@
 """quantized_linear on dayzero's native MatMulInt4 kernel (native/int4_matmul.h).
 
 The kernel runs int4 weights with int8-rounded activations (`quantize: {weights: int4,
-activations: int8}`) reading 20 bytes per 32 weights, where MatMulNBits reads 24; a decode step
-is bound by those bytes. It wants the codes and scales of each tile of 8 output columns side by
-side. The artifact keeps MatMulNBits' layout (the portable model and every other backend read
-it); the lowering reorders it with a Reshape and a Transpose on the initializers, which ONNX
-Runtime's constant folding turns into new initializers when the session loads, so the reorder
-costs load time only, and the original tensors are dropped once nothing reads them.
+activations: int8}`) and float16 scales (quantize_weights stores a float32 model's so), reading
+18 bytes per 32 weights, where MatMulNBits reads 24 (its packed codes, a float32 scale and a
+per-block sum); a decode step is bound by those bytes. It wants the codes and scales of each
+tile of 8 output columns side by side. The artifact keeps MatMulNBits' layout (the portable
+model and every other backend read it); the lowering reorders it with a Reshape and a
+Transpose on the initializers, which ONNX Runtime's constant folding turns into new
+initializers when the session loads, so the reorder costs load time only, and the original
+tensors are dropped once nothing reads them.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ def int4_fits(node: Node) -> str | None:
     if (a["bits"], a["group_size"], a["activations"]) != (4, 32, "int8"):
         return "MatMulInt4 runs 4-bit weights in groups of 32 with int8 activations"
     x, qweight, scales = node.inputs[:3]
-    if x.type.dtype != DType.f32 or scales.type.dtype != DType.f32:
-        return "MatMulInt4 runs float32"
+    if x.type.dtype != DType.f32 or scales.type.dtype != DType.f16:
+        return "MatMulInt4 runs float32 with float16 scales"
     n, k = qweight.type.shape[0], a["in_features"]
     if not isinstance(n, int) or n % TILE or k % PAIR:
         return f"MatMulInt4 needs out_features a multiple of {TILE} and in_features of {PAIR}"
@@ -36,7 +38,7 @@ def int4_fits(node: Node) -> str | None:
 
 
 def matmul_int4(b: Builder, node: Node, x: list) -> list:
-    """ai.dayzero.MatMulInt4 on codes [N/8, K/64, 8, 32] and scales [N/8, K/32, 8]."""
+    """ai.dayzero.MatMulInt4 on codes [N/8, K/64, 8, 32] and float16 scales [N/8, K/32, 8]."""
     from .native_ops import DOMAIN
 
     n, blocks = node.inputs[1].type.shape[:2]

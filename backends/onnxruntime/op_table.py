@@ -48,6 +48,10 @@ COMPUTE_KINDS = frozenset({"elementwise", "reduction", "normalization", "matmul"
                            "convolution", "pooling", "fused"})
 UPCAST_ALSO = frozenset({"pad", "repeat", "full"})
 NARROW = frozenset({DType.f16, DType.bf16})
+# inputs that are stored data a kernel reads in their own type, never computed on in it: they
+# neither make a node run in float32 nor get cast (quantized weights' float16 scales, which
+# MatMulInt4 reads as they are and the other lowerings cast themselves)
+STORED_INPUTS: dict[str, frozenset[int]] = {"quantized_linear": frozenset({2})}
 
 
 def _symbolic_spatial(node: Node) -> str | None:
@@ -135,10 +139,11 @@ def convert(b: Builder, node: Node, x: list, converter: Converter) -> list:
     if not _upcast(node):
         return converter(b, node, x)
     f32 = ONNX_DTYPES[DType.f32]
-    wide_in = [v if val is None or val.type.dtype not in NARROW else b.op1("Cast", [v], to=f32)
-               for v, val in zip(x, node.inputs)]
-    wide = Node(node.op, [_widen(v) for v in node.inputs], _widen_attrs(node),
-                [_widen(v) for v in node.outputs], node.loc)
+    stored = STORED_INPUTS.get(node.op, frozenset())
+    wide_in = [v if val is None or val.type.dtype not in NARROW or i in stored
+               else b.op1("Cast", [v], to=f32) for i, (v, val) in enumerate(zip(x, node.inputs))]
+    wide = Node(node.op, [v if i in stored else _widen(v) for i, v in enumerate(node.inputs)],
+                _widen_attrs(node), [_widen(v) for v in node.outputs], node.loc)
     outs = converter(b, wide, wide_in)
     return [b.op1("Cast", [name], to=ONNX_DTYPES[val.type.dtype]) if val.type.dtype in NARROW
             else name for name, val in zip(outs, node.outputs)]
@@ -150,8 +155,9 @@ def _upcast(node: Node) -> bool:
     kind = get_op(node.op).kind
     if kind not in COMPUTE_KINDS and node.op not in UPCAST_ALSO:
         return False
-    values = [v for v in (*node.inputs, *node.outputs) if v is not None]
-    return any(v.type.dtype in NARROW for v in values)
+    stored = STORED_INPUTS.get(node.op, frozenset())
+    inputs = [v for i, v in enumerate(node.inputs) if i not in stored]
+    return any(v is not None and v.type.dtype in NARROW for v in (*inputs, *node.outputs))
 
 
 def _widen(value: Value | None) -> Value | None:

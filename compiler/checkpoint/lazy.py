@@ -198,10 +198,10 @@ class _Lazy:
             return None
 
     def quantize_lazily(self, bits: int, group_size: int, quantize: Quantizer,
-                        shapes: tuple | None = None) -> tuple:
+                        shapes: tuple | None = None, scale_dtype: DType | None = None) -> tuple:
         from .lazy_quantized import QuantizeJob  # it builds on this module
 
-        return QuantizeJob(self, bits, group_size, quantize, shapes).handles()
+        return QuantizeJob(self, bits, group_size, quantize, shapes, scale_dtype).handles()
 
     def map_lazily(self, fn: Callable[[Any], Any], shape: tuple[int, ...],
                    dtype: DType) -> Any:

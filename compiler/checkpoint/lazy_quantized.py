@@ -23,8 +23,9 @@ class QuantizeJob:
     """Quantizes `source` once, for its two handles; forgets the results once both took theirs."""
 
     def __init__(self, source: _Lazy, bits: int, group_size: int, quantize: Quantizer,
-                 shapes: tuple | None = None):
+                 shapes: tuple | None = None, scale_dtype: DType | None = None):
         self.source, self.bits, self.group_size, self.quantize = source, bits, group_size, quantize
+        self.scale_dtype = scale_dtype or source.ir_dtype
         if shapes is None:  # quantize_weights' rule on a [N, K] weight
             n, k = source.shape
             shapes = ((n, k // group_size, group_size * bits // 8), (n * (k // group_size),))
@@ -47,7 +48,7 @@ class QuantizeJob:
 
 
 class LazyQuantized(_Lazy):
-    """The codes (u8) or the scales (the source's dtype) of a quantized lazy weight."""
+    """The codes (u8) or the scales (the job's scale dtype) of a quantized lazy weight."""
 
     __slots__ = ("job", "part")
 
@@ -64,7 +65,7 @@ class LazyQuantized(_Lazy):
 
     @property
     def ir_dtype(self) -> DType:
-        return DType.u8 if self.part == "codes" else self.job.source.ir_dtype
+        return DType.u8 if self.part == "codes" else self.job.scale_dtype
 
     @property
     def _stats(self) -> StreamStats:

@@ -47,11 +47,12 @@ class LazyWeight(Protocol):
         cannot be (another dtype or trailing shape, or handles of another kind)."""
 
     def quantize_lazily(self, bits: int, group_size: int, quantize: Quantizer,
-                        shapes: tuple[tuple[int, ...], tuple[int, ...]] | None = None
-                        ) -> tuple[LazyWeight, LazyWeight]:
+                        shapes: tuple[tuple[int, ...], tuple[int, ...]] | None = None,
+                        scale_dtype: DType | None = None) -> tuple[LazyWeight, LazyWeight]:
         """Handles of `quantize(self.load(), bits, group_size)`'s codes and scales, computed
         when the first of them is read. `shapes` are theirs where `quantize` is not the
-        [N, K] rule (an expert stack's codes keep the expert axis)."""
+        [N, K] rule (an expert stack's codes keep the expert axis); `scale_dtype` is the
+        scales' where it is not this weight's."""
 
     def map_lazily(self, fn: Callable[[Any], Any], shape: tuple[int, ...],
                    dtype: DType) -> LazyWeight:

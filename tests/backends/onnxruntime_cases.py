@@ -306,14 +306,17 @@ def _paged_latent(g):
 _PAGED_RANGES = {"seq_slots": (-3, 11), "token_seq": (0, 2), "token_len": (1, 10), "q": (-1, 1)}
 
 
-def _quantized_linear(bits: int, bias: bool, activations: str = "float", out: int = 5):
-    """int4 / int8 weights in MatMulNBits' layout, from quantize_weights' own quantizer."""
+def _quantized_linear(bits: int, bias: bool, activations: str = "float", out: int = 5,
+                      half_scales: bool = False):
+    """int4 / int8 weights in MatMulNBits' layout, from quantize_weights' own quantizer (float32
+    or float16 scales)."""
     def build(g):
-        from passes.quantize_weights import quantize
+        from passes.quantize_weights import quantize, quantize_half_scales
 
         x = g.add_input("x", t(F, 2, S, 64))
         w, b = rng_arrays(11, (out, 64), (out,))
-        codes, scales = (a.numpy() for a in quantize(w, bits, 32))
+        rule = quantize_half_scales if half_scales else quantize
+        codes, scales = (a.numpy() for a in rule(w, bits, 32))
         return [op(g, "quantized_linear", [x, weight(g, "q", codes), weight(g, "s", scales),
                                            weight(g, "b", b) if bias else None],
                    bits=bits, group_size=32, in_features=64, activations=activations).output]
@@ -596,7 +599,7 @@ CASES: dict[str, Case] = {
     "quantized_linear_int8": Case(_quantized_linear(8, bias=False)),
     # 16 outputs, int8 activations: dayzero's MatMulInt4 where its library is built
     "quantized_linear_int4_int8": Case(_quantized_linear(4, bias=True, activations="int8",
-                                                         out=16)),
+                                                         out=16, half_scales=True)),
     "add_rms_norm": Case(_add_norm("add_rms_norm")),
     "add_layer_norm": Case(_add_norm("add_layer_norm")),
     "one_rank_collectives": Case(_one_rank_collectives),

@@ -22,14 +22,17 @@ pytestmark = pytest.mark.skipif(native_ops.library() is None, reason="native lib
 
 
 def quantized(rng, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """MatMulNBits tensors: codes u8 [n, k / 32, 16], scales f32 [n * k / 32]."""
+    """quantized_linear's tensors: codes u8 [n, k / 32, 16], scales f16 [n * k / 32] (one in
+    float16's subnormal range, which the kernel must read exactly too)."""
     codes = rng.integers(0, 256, (n, k // 32, 16), dtype=np.uint8)
-    scales = (rng.random(n * k // 32, dtype=np.float32) + 0.05) * 0.02
+    scales = ((rng.random(n * k // 32, dtype=np.float32) + 0.05) * 0.02).astype(np.float16)
+    scales[min(3, scales.size - 1)] = np.float16(3e-6)
     return codes, scales
 
 
 def packed(codes: np.ndarray, scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The kernel's layout (int4_matmul.h): codes [n/8, k/64, 8, 32], scales [n/8, k/32, 8]."""
+    """The kernel's layout (int4_matmul.h): codes [n/8, k/64, 8, 32], scales f16
+    [n/8, k/32, 8]."""
     n, blocks, _ = codes.shape
     tiles = codes.reshape(n // 8, 8, blocks // 2, 32).transpose(0, 2, 1, 3)
     return (np.ascontiguousarray(tiles),
@@ -49,7 +52,7 @@ def reference(x: np.ndarray, codes: np.ndarray, scales: np.ndarray, bias=None) -
         xr = (np.round(rows * inverse) * s).reshape(-1, k).astype(np.float64)
     pairs = np.stack([codes & 15, codes >> 4], -1).reshape(n, blocks, 32).astype(np.float64)
     with np.errstate(invalid="ignore", over="ignore"):  # NaN and Inf propagate, as in torch
-        weight = ((pairs - 8) * scales.reshape(n, blocks, 1)).reshape(n, k)
+        weight = ((pairs - 8) * scales.astype(np.float64).reshape(n, blocks, 1)).reshape(n, k)
         y = xr @ weight.T
     if bias is not None:
         y = y + bias
@@ -132,7 +135,7 @@ def test_a_row_with_nan_or_inf_is_nan_everywhere(bad):
     ((2, 1, 8, 32), (2, 1, 8), (1, 64), r"scales must be \[out_features / 8, in_features / 32"),
 ])
 def test_bad_shapes_are_named(codes_shape, scales_shape, x_shape, message):
-    model = one_node(np.zeros(codes_shape, np.uint8), np.ones(scales_shape, np.float32))
+    model = one_node(np.zeros(codes_shape, np.uint8), np.ones(scales_shape, np.float16))
     with pytest.raises(Exception, match=message):
         run(model, np.ones(x_shape, np.float32))
 
@@ -202,7 +205,7 @@ def test_a_nonfinite_weight_scale_makes_its_column_nan(bad):
     rng = np.random.default_rng(13)
     codes, scales = quantized(rng, 16, 128)
     codes[5, 2, 3] = 0x88  # two codes of the zero point in that block
-    scales[5 * 4 + 2] = bad
+    scales[5 * 4 + 2] = np.float16(bad)
     x = rng.standard_normal((2, 128), dtype=np.float32)
     got = run(one_node(*packed(codes, scales)), x)
     want = reference(x, codes, scales)

@@ -22,7 +22,7 @@ from backends.reference.interpreter import run_graph
 from compiler.hf_models import wrap_pretrained
 from compiler.ir import parse_ir, print_ir
 from passes import parse_pipeline
-from passes.quantize_weights import quantize
+from passes.quantize_weights import quantize, quantize_half_scales
 from tests.backends.onnxruntime_util import compile_graph, load
 from tests.backends.test_moe_models import tiny_moe
 from tests.numerics import assert_fp32_close
@@ -52,13 +52,13 @@ EXPECTED = """graph main {
   weight @w_down.q4: u8[4, 64, 1, 16]
   weight @w_down.scales: f32[4, 64, 1]
   weight @s_gate.q4: u8[64, 2, 16]
-  weight @s_gate.scales: f32[128]
+  weight @s_gate.scales: f16[128]
   weight @s_up.q4: u8[64, 2, 16]
-  weight @s_up.scales: f32[128]
+  weight @s_up.scales: f16[128]
   weight @s_down.q4: u8[64, 2, 16]
-  weight @s_down.scales: f32[128]
+  weight @s_down.scales: f16[128]
   weight @s_sig.q4: u8[1, 2, 16]
-  weight @s_sig.scales: f32[2]
+  weight @s_sig.scales: f16[2]
   %quantized_moe: f32[s0, 64] = quantized_moe(%x, %logits, @w_gate_up.q4, @w_gate_up.scales, \
 @w_down.q4, @w_down.scales, _, _, _) {bits=4, group_size=32, activations="float", top_k=2, \
 routing="softmax_topk", \
@@ -93,13 +93,13 @@ def _graph(text: str = TEXT, seed: int = 0):
     return g
 
 
-def dequantized_stack(w: torch.Tensor) -> torch.Tensor:
+def dequantized_stack(w: torch.Tensor, rule=quantize) -> torch.Tensor:
     """An in_out stack [experts, in, out] through the quantizer and back, matrix by matrix."""
     out = []
     for matrix in w.transpose(1, 2):
-        codes, scales = quantize(matrix, 4, 32)
+        codes, scales = rule(matrix, 4, 32)
         values = torch.stack([codes & 15, codes >> 4], -1).reshape(matrix.shape[0], -1, 32)
-        out.append(((values.float() - 8) * scales.reshape(matrix.shape[0], -1, 1))
+        out.append(((values.float() - 8) * scales.float().reshape(matrix.shape[0], -1, 1))
                    .reshape(matrix.shape))
     return torch.stack(out).transpose(1, 2)
 
@@ -127,8 +127,8 @@ def test_the_reference_runs_moe_on_exactly_the_dequantized_stacks():
     parse_pipeline(QUANTIZE)[0].run(g)
     for name in ("w_gate_up", "w_down"):
         plain[name] = dequantized_stack(plain[name])
-    for name in ("s_gate", "s_up", "s_down", "s_sig"):
-        plain[name] = dequantized_stack(plain[name].T[None])[0].T
+    for name in ("s_gate", "s_up", "s_down", "s_sig"):  # linears: float16 scales
+        plain[name] = dequantized_stack(plain[name].T[None], quantize_half_scales)[0].T
     gen = torch.Generator().manual_seed(2)
     x, logits = torch.randn(7, 64, generator=gen), torch.randn(7, 4, generator=gen)
     got = run_graph(g, g.weight_data, [x, logits])[0]

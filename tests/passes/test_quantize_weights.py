@@ -16,7 +16,7 @@ from backends.reference.interpreter import run_graph
 from compiler.errors import DayzeroError
 from compiler.ir import parse_ir, print_ir
 from passes import parse_pipeline
-from passes.quantize_weights import quantize
+from passes.quantize_weights import quantize, quantize_half_scales
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,7 +55,7 @@ EXPECTED = """graph main {
   weight @b: f32[6]
   weight @odd: f32[3, 6]
   weight @w.q4: u8[6, 2, 16]
-  weight @w.scales: f32[12]
+  weight @w.scales: f16[12]
   %y: f32[s0, 6] = quantized_linear(%x, @w.q4, @w.scales, @b) {bits=4, group_size=32, \
 in_features=64, activations="float"}
   %z: f32[s0, 3] = linear(%y, @odd, _)
@@ -102,11 +102,12 @@ def test_reference_runs_exactly_the_dequantized_weights(bits):
     g = _graph()
     w = g.weight_data["w"].clone()
     parse_pipeline(f"quantize_weights{{bits={bits},group_size=32}}")[0].run(g)
-    codes, scales = quantize(w, bits, 32)
+    codes, scales = quantize_half_scales(w, bits, 32)  # a float32 weight's rule
+    assert scales.dtype == torch.float16
     if bits == 4:
         codes = torch.stack([codes & 15, codes >> 4], dim=-1)
     dequantized = ((codes.reshape(6, 2, 32).float() - 2 ** (bits - 1))
-                   * scales.reshape(6, 2, 1)).reshape(6, 64)
+                   * scales.float().reshape(6, 2, 1)).reshape(6, 64)
     x = torch.randn(5, 64)
     y = torch.nn.functional.linear(x, dequantized, g.weight_data["b"])
     want = torch.nn.functional.linear(y, g.weight_data["odd"])
@@ -155,3 +156,23 @@ def test_llama_int8_and_int4_from_the_config(tmp_path):
         np.testing.assert_allclose(got, runtime.load(ref)(ids)[0], rtol=1e-5, atol=1e-5)
         if close is not None:
             assert np.abs(got - eager).max() < close
+
+
+def test_half_scales_are_stored_before_the_codes_round_against_them():
+    """float16 scales: the codes are the best ones for the stored (rounded) scale, so each
+    weight is within half a step of it (the extreme within a float16 rounding of its step);
+    a scale below float16's range keeps its smallest step; one beyond it is refused."""
+    w = torch.randn(4, 64, generator=torch.Generator().manual_seed(3))
+    w = w * torch.tensor([1.0, 1e-3, 3e-8, 0.0])[:, None]
+    codes, scales = quantize_half_scales(w, 4, 32)
+    assert scales.dtype == torch.float16 and bool((scales != 0).all())
+    values = torch.stack([codes & 15, codes >> 4], -1).reshape(4, 2, 32).float() - 8
+    stored = scales.float().reshape(4, 2, 1)
+    want = torch.round(w.reshape(4, 2, 32) / stored).clamp(-8, 7)
+    assert torch.equal(values, want)  # rounded against the stored scale
+    step = stored.abs().expand(4, 2, 32).reshape(4, 64)
+    back = (values * stored).reshape(4, 64)
+    assert bool(((back - w).abs() <= step).all())
+    assert scales[4:6].float().abs().min() == 2.0 ** -24  # 3e-8 / 8 is below float16's steps
+    with pytest.raises(DayzeroError, match="beyond what float16 scales hold"):
+        quantize_half_scales(torch.full((1, 32), 1e6), 4, 32)

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <new>
 #include <vector>
@@ -14,7 +15,7 @@
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 #define DZ_X86 1
-#define DZ_AVX2 __attribute__((target("avx2,fma")))
+#define DZ_AVX2 __attribute__((target("avx2,fma,f16c")))
 #else
 #define DZ_X86 0
 #endif
@@ -81,6 +82,27 @@ struct Shared {
 // weights round to 8); w - w is 0 for a finite w and NaN otherwise.
 inline float NaNIfInf(float w) { return w + (w - w); }
 
+// An IEEE float16 (its bits) as a float: exact, subnormals, infinities and NaN included.
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  const int exponent = (h >> 10) & 0x1F;
+  const uint32_t mantissa = h & 0x3FF;
+  float magnitude;
+  if (exponent == 0x1F) {
+    magnitude = mantissa ? std::numeric_limits<float>::quiet_NaN()
+                         : std::numeric_limits<float>::infinity();
+  } else {
+    // normal: (1024 + m) * 2^(e - 25); subnormal (e == 0): m * 2^-24
+    magnitude = exponent ? std::ldexp(static_cast<float>(1024 + mantissa), exponent - 25)
+                         : std::ldexp(static_cast<float>(mantissa), -24);
+  }
+  uint32_t bits;
+  std::memcpy(&bits, &magnitude, sizeof(bits));
+  bits |= sign;
+  std::memcpy(&magnitude, &bits, sizeof(bits));
+  return magnitude;
+}
+
 // One tile (8 columns) of row r, any CPU: the same sums in the same order per block.
 void TileScalar(const Shared& s, int64_t r, int64_t tile, float out[kInt4Columns]) {
   const Int4Problem& p = *s.p;
@@ -97,7 +119,7 @@ void TileScalar(const Shared& s, int64_t r, int64_t tile, float out[kInt4Columns
                             half * 16;
       int32_t dot = 0;
       for (int64_t i = 0; i < 16; ++i) dot += (code[i] & 15) * low[i] + (code[i] >> 4) * high[i];
-      const float w = p.scales[(tile * blocks + b) * kInt4Columns + c];
+      const float w = HalfToFloat(p.scales[(tile * blocks + b) * kInt4Columns + c]);
       out[c] += static_cast<float>(dot - q.offset[r * blocks + b]) * (row_scale * NaNIfInf(w));
     }
   }
@@ -132,7 +154,7 @@ DZ_AVX2 void TileVectorized(const Shared& s, int64_t r, int64_t tile, float out[
   const float* row_scale = q.scale.data() + r * blocks;
   const int32_t* offset = q.offset.data() + r * blocks;
   const uint8_t* codes = p.codes + tile * pairs * kInt4Columns * kTileBytes;
-  const float* scales = p.scales + tile * blocks * kInt4Columns;
+  const uint16_t* scales = p.scales + tile * blocks * kInt4Columns;
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   for (int64_t pair = 0; pair < pairs; ++pair) {
     const __m256i a_low = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(low + pair * 32));
@@ -155,8 +177,10 @@ DZ_AVX2 void TileVectorized(const Shared& s, int64_t r, int64_t tile, float out[
                                           _mm256_set1_epi32(offset[b]));
     const __m256i odd = _mm256_sub_epi32(_mm256_permute2x128_si256(first, second, 0x31),
                                          _mm256_set1_epi32(offset[b + 1]));
-    const __m256 s_even = _mm256_loadu_ps(scales + b * kInt4Columns);
-    const __m256 s_odd = _mm256_loadu_ps(scales + (b + 1) * kInt4Columns);
+    const __m256 s_even = _mm256_cvtph_ps(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + b * kInt4Columns)));
+    const __m256 s_odd = _mm256_cvtph_ps(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + (b + 1) * kInt4Columns)));
     const __m256 w_even = _mm256_mul_ps(_mm256_add_ps(s_even, _mm256_sub_ps(s_even, s_even)),
                                         _mm256_set1_ps(row_scale[b]));  // NaNIfInf
     const __m256 w_odd = _mm256_mul_ps(_mm256_add_ps(s_odd, _mm256_sub_ps(s_odd, s_odd)),
@@ -213,7 +237,8 @@ void RoundTask(void* data, size_t index) {
 
 bool Int4MatMulVectorized() {
 #if DZ_X86
-  static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  static const bool supported = __builtin_cpu_supports("avx2") &&
+                                 __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   return supported;
 #else
   return false;

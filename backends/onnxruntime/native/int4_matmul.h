@@ -1,17 +1,17 @@
 // int4 weights times int8-rounded activations: the IR op quantized_linear with bits 4,
-// group_size 32 and activations "int8", in a layout made for streaming.
+// group_size 32, activations "int8" and float16 scales, in a layout made for streaming.
 //
 // Why our own kernel: a decode step is bound by the bytes it reads. ONNX Runtime's MatMulNBits
-// repacks the codes and adds a precomputed per-block sum beside each scale (24 bytes per 32
-// weights); this kernel folds the zero point into the activations' block sums instead and reads
-// only the codes and the scale (20 bytes per 32 weights).
+// repacks the codes and adds a precomputed per-block sum beside each float32 scale (24 bytes
+// per 32 weights); this kernel folds the zero point into the activations' block sums instead
+// and reads only the codes and a float16 scale (18 bytes per 32 weights).
 //
 // Layout (the onnxruntime lowering derives it from quantized_linear's MatMulNBits tensors with
 // Reshape and Transpose on initializers, which ONNX Runtime folds at load time):
 //   codes  [n / 8, k / 64, 8, 32] u8: for a tile of 8 columns and a pair of blocks, each column's
 //          two blocks of 16 bytes, one after the other (MatMulNBits' nibble order: byte i holds
 //          input 2i in its low nibble and 2i + 1 in its high one);
-//   scales [n / 8, k / 32, 8] float: the 8 columns' scales of each block side by side.
+//   scales [n / 8, k / 32, 8] float16: the 8 columns' scales of each block side by side.
 // So one tile's reads are a single forward stream.
 //
 // Meaning (exactly the decomposition's): each row of x is rounded per block of 32 to
@@ -36,7 +36,7 @@ struct Int4Problem {
   int64_t rows = 0, k = 0, n = 0;
   const float* x = nullptr;        // [rows, k]
   const uint8_t* codes = nullptr;  // [n / 8, k / 64, 8, 32]
-  const float* scales = nullptr;   // [n / 8, k / 32, 8]
+  const uint16_t* scales = nullptr;  // [n / 8, k / 32, 8] float16 bits
   const float* bias = nullptr;     // [n], or null
   float* y = nullptr;              // [rows, n]
 };
@@ -49,7 +49,7 @@ const char* Int4MatMulCheck(const Int4Problem& p);
 const char* Int4MatMul(const Int4Problem& p, ParallelFor parallel, void* runner,
                        bool vectorized = true);
 
-// Whether the vectorized (AVX2 + FMA) path runs on this CPU; the scalar path runs otherwise.
+// Whether the vectorized (AVX2 + FMA + F16C) path runs on this CPU; the scalar one otherwise.
 bool Int4MatMulVectorized();
 
 }  // namespace dayzero

@@ -2,7 +2,7 @@
 //
 // MatMulInt4(x, codes, scales, bias?) -> y
 //   x [..., k] float32 (rank 1 to 4), codes [n / 8, k / 64, 8, 32] uint8,
-//   scales [n / 8, k / 32, 8] float32, bias [n] float32; y [..., n] float32.
+//   scales [n / 8, k / 32, 8] float16, bias [n] float32; y [..., n] float32.
 // No attributes: k and n are the inputs' dims. The IR op quantized_linear with bits 4,
 // group_size 32 and activations "int8"; the onnxruntime lowering makes codes and scales from
 // MatMulNBits' tensors (backends/onnxruntime/convert_fused.py).
@@ -40,7 +40,9 @@ ort::Status* CreateKernel(const ort::CustomOp*, const ort::Api* api, const ort::
   return nullptr;
 }
 
-ort::ElementType InputType(size_t index) { return index == 1 ? ort::kUint8 : ort::kFloat; }
+ort::ElementType InputType(size_t index) {
+  return index == 1 ? ort::kUint8 : index == 2 ? ort::kFloat16 : ort::kFloat;
+}
 
 // Fills in the problem from the inputs; an error names what does not fit.
 ort::Status* Describe(const ort::Api* api, const InputTensor in[kInputs], Int4Problem* p) {
@@ -66,7 +68,7 @@ ort::Status* Describe(const ort::Api* api, const InputTensor in[kInputs], Int4Pr
   p->n = n;
   p->x = x.f();
   p->codes = static_cast<const uint8_t*>(codes.data);
-  p->scales = scales.f();
+  p->scales = static_cast<const uint16_t*>(scales.data);
   p->bias = bias.f();
   if (const char* why = Int4MatMulCheck(*p)) return Error(api, why);
   return nullptr;
@@ -137,7 +139,7 @@ const ort::CustomOp* MatMulInt4Op() { return &kMatMulInt4; }
 // ONNX Runtime only reaches on CPUs without AVX2. Returns 0, or 1 with the shapes refused.
 extern "C" __attribute__((visibility("default"))) int DayzeroInt4MatMul(
     int64_t rows, int64_t k, int64_t n, const float* x, const uint8_t* codes,
-    const float* scales, const float* bias, float* y, int vectorized) noexcept {
+    const uint16_t* scales, const float* bias, float* y, int vectorized) noexcept {
   dayzero::Int4Problem p;
   p.rows = rows;
   p.k = k;

@@ -78,7 +78,10 @@ inline ort::Status* ReadInput(const ort::Api* api, const char* op, ort::KernelCo
   if (!status) status = api->GetDimensions(info, out->dims, out->rank);
   api->ReleaseTensorTypeAndShapeInfo(info);
   if (!status && type != want) {
-    const char* name = want == ort::kFloat ? "float32" : want == ort::kUint8 ? "uint8" : "int64";
+    const char* name = want == ort::kFloat     ? "float32"
+                       : want == ort::kFloat16 ? "float16"
+                       : want == ort::kUint8   ? "uint8"
+                                               : "int64";
     status = OpError(api, op, "input " + std::to_string(index) + " is not " + name);
   }
   if (!status) {

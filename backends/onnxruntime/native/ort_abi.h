@@ -26,7 +26,7 @@ struct Value;
 struct TensorTypeAndShapeInfo;
 struct ShapeInferContext;
 
-enum ElementType : int { kUndefined = 0, kFloat = 1, kUint8 = 2, kInt64 = 7 };
+enum ElementType : int { kUndefined = 0, kFloat = 1, kUint8 = 2, kInt64 = 7, kFloat16 = 10 };
 enum ErrorCode : int { kOk = 0, kFail = 1, kInvalidArgument = 2 };
 enum Characteristic : int { kRequired = 0, kOptional = 1, kVariadic = 2 };
 enum MemType : int { kMemTypeDefault = 0 };

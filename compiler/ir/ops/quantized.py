@@ -2,9 +2,11 @@
 
 The layout is ONNX Runtime's MatMulNBits layout, so the onnxruntime backend hands the stored
 tensors to that kernel as they are: `qweight` u8 [N, K / group_size, group_size * bits / 8]
-(for 4 bits, two codes per byte, the first in the low nibble), `scales` f32
-[N * K / group_size]; symmetric quantization, the zero point is 2^(bits-1). The weight it
-stands for is `(code - 2^(bits-1)) * scale` per block of `group_size` input features.
+(for 4 bits, two codes per byte, the first in the low nibble), `scales` [N * K / group_size]
+in x's dtype or float16 (quantize_weights stores a float32 model's scales as float16, which
+MatMulNBits gets cast back at load time); symmetric quantization, the zero point is
+2^(bits-1). The weight it stands for is `(code - 2^(bits-1)) * scale` per block of
+`group_size` input features.
 
 Its meaning is its decomposition: unpack the codes, dequantize, `linear`; every backend without
 a kernel for it runs that (the reference backend included), so the quantized model is checked
@@ -42,6 +44,9 @@ def _rule(types, attrs):
                          f"groups of {group} at {bits} bits")
     if scales.rank != 1 or scales.shape[0] != n * blocks or not scales.dtype.is_float:
         raise ShapeError(f"quantized_linear: scales {scales} must be a float [{n * blocks}]")
+    if scales.dtype not in (x.dtype, DType.f16):
+        raise ShapeError(f"quantized_linear: scales {scales} must be float16 or x's dtype "
+                         f"{x.dtype}")
     if not x.dtype.is_float or x.rank < 1 or not equal(x.shape[-1], k):
         raise ShapeError(f"quantized_linear: x {x} must be float with {k} features")
     if attrs["activations"] not in ACTIVATIONS:
@@ -49,7 +54,7 @@ def _rule(types, attrs):
                          f"of {ACTIVATIONS}")
     if bias is not None and (bias.rank != 1 or bias.shape[0] != n):
         raise ShapeError(f"quantized_linear: bias {bias} must be [{n}]")
-    rules.same_dtype([x, scales] + ([bias] if bias is not None else []), "quantized_linear")
+    rules.same_dtype([x] + ([bias] if bias is not None else []), "quantized_linear")
     return [x.with_shape(x.shape[:-1] + (n,))]
 
 
@@ -85,6 +90,8 @@ def dequantized(e: Emitter, qweight, scales, bits: int, group: int, dtype: DType
         codes = e.op("reshape", e.op("concat", low, high, dim=-1), shape=[*lead, blocks, group])
     centered = e.op("sub", e.op("cast", codes, dtype=dtype),
                     e.const(float(2 ** (bits - 1)), dtype))
+    if scales.dtype != dtype:  # float16 scales of float32 weights: exact in float32
+        scales = e.op("cast", scales, dtype=dtype)
     blockwise = e.op("mul", centered, e.op("reshape", scales, shape=[*lead, blocks, 1]))
     return e.op("reshape", blockwise, shape=[*lead[:-1], lead[-1], blocks * group])
 
