@@ -47,8 +47,8 @@ def session(native: bool, threads: int, seed: int = 0):
         inputs[k] = f"x{k}"
         codes = rng.integers(0, 256, (n, k // 32, 16), dtype=np.uint8)
         scales = (rng.random(n * k // 32, dtype=np.float32) + 0.5) * 0.01
-        if native:
-            codes, scales = kernel_layout(codes, scales)
+        if native:  # float16 scales, as quantize_weights stores a float32 model's
+            codes, scales = kernel_layout(codes, scales.astype(np.float16))
             node = helper.make_node("MatMulInt4", [inputs[k], f"w{i}", f"s{i}"], [f"y{i}"],
                                     domain=native_ops.DOMAIN)
         else:
@@ -71,8 +71,9 @@ def session(native: bool, threads: int, seed: int = 0):
 
 
 def bytes_read(native: bool) -> int:
-    """Weight bytes per call: codes + scale (+ MatMulNBits' per-block sum) per 32 weights."""
-    per_block = 16 + 4 + (0 if native else 4)
+    """Weight bytes per call, per 32 weights: the codes and a float16 scale for MatMulInt4;
+    for MatMulNBits its packed codes, a float32 scale and a per-block sum."""
+    per_block = 16 + 2 if native else 16 + 4 + 4
     return sum(k // 32 * n * per_block for k, n in SHAPES)
 
 
