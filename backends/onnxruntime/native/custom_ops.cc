@@ -149,44 +149,20 @@ ort::Status* ComputeOrThrow(void* kernel, ort::KernelContext* context) {
   const int64_t dims[3] = {problem.batch, problem.seq, problem.num_heads * problem.head_size};
   if (ort::Status* status = dayzero::FloatOutput(api, context, 0, dims, &problem.out))
     return status;
-  dayzero::ThreadPool pool{api, context, nullptr};
-  if (const char* why = dayzero::CausalAttention(problem, dayzero::RunParallel, &pool)) {
-    if (pool.status) api->ReleaseStatus(pool.status);
-    return Error(api, why);
-  }
-  return pool.status;
+  return dayzero::RunOnThreads(api, kOp, context, problem, dayzero::CausalAttention);
 }
 
-ort::Status* Compute(void* kernel, ort::KernelContext* context) noexcept {
-  try {
-    return ComputeOrThrow(kernel, context);
-  } catch (...) {
-    return Failure(static_cast<Kernel*>(kernel)->api, "Compute");
-  }
-}
+struct CausalAttentionOp {
+  static constexpr const char* kName = "CausalAttention";
+  static constexpr size_t kInputs = ::kInputs, kOutputs = 1;
+  static ort::ElementType InputType(size_t) { return ort::kFloat; }
+  static bool Optional(size_t index) { return index != 0; }
+  using Kernel = ::Kernel;
+  static constexpr auto CreateKernel = ::CreateKernel;
+  static constexpr auto ComputeOrThrow = ::ComputeOrThrow;
+};
 
-ort::CustomOp MakeCausalAttention() {
-  ort::CustomOp op;
-  std::memset(&op, 0, sizeof(op));
-  op.version = ort::kApiVersion;
-  op.GetName = [](const ort::CustomOp*) { return "CausalAttention"; };
-  op.GetExecutionProviderType = [](const ort::CustomOp*) -> const char* { return nullptr; };
-  op.GetInputType = [](const ort::CustomOp*, size_t) { return ort::kFloat; };
-  op.GetInputTypeCount = [](const ort::CustomOp*) { return kInputs; };
-  op.GetOutputType = [](const ort::CustomOp*, size_t) { return ort::kFloat; };
-  op.GetOutputTypeCount = [](const ort::CustomOp*) { return size_t{1}; };
-  op.KernelDestroy = [](void* kernel) { delete static_cast<Kernel*>(kernel); };
-  op.GetInputCharacteristic = [](const ort::CustomOp*, size_t index) {
-    return index == 0 ? ort::kRequired : ort::kOptional;
-  };
-  op.GetOutputCharacteristic = [](const ort::CustomOp*, size_t) { return ort::kRequired; };
-  op.GetInputMemoryType = [](const ort::CustomOp*, size_t) { return ort::kMemTypeDefault; };
-  op.CreateKernelV2 = CreateKernel;
-  op.KernelComputeV2 = Compute;
-  return op;
-}
-
-const ort::CustomOp kCausalAttention = MakeCausalAttention();
+const ort::CustomOp kCausalAttention = dayzero::MakeCustomOp<CausalAttentionOp>();
 
 // Tells an older runtime why the library refuses it. ort_abi.h's slots were counted for API
 // version kApiVersion; an older runtime's table is shorter, and calling a slot past its end

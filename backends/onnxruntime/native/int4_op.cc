@@ -90,44 +90,23 @@ ort::Status* ComputeOrThrow(void* kernel, ort::KernelContext* context) {
   for (size_t i = 0; i < in[0].rank; ++i) dims[i] = in[0].dims[i];
   dims[in[0].rank - 1] = p.n;
   if (ort::Status* status = FloatOutput(api, context, 0, dims, in[0].rank, &p.y)) return status;
-  ThreadPool pool{api, context, nullptr};
-  if (const char* why = Int4MatMul(p, RunParallel, &pool)) {
-    if (pool.status) api->ReleaseStatus(pool.status);
-    return Error(api, why);
-  }
-  return pool.status;
+  return RunOnThreads(api, kOp, context, p, [](const Int4Problem& problem, ParallelFor parallel,
+                                                void* runner) {
+    return Int4MatMul(problem, parallel, runner);
+  });
 }
 
-ort::Status* Compute(void* kernel, ort::KernelContext* context) noexcept {
-  try {
-    return ComputeOrThrow(kernel, context);
-  } catch (...) {
-    return OpFailure(static_cast<Kernel*>(kernel)->api, kOp, "Compute");
-  }
-}
+struct MatMulInt4Op {
+  static constexpr const char* kName = kOp;
+  static constexpr size_t kInputs = dayzero::kInputs, kOutputs = 1;
+  static ort::ElementType InputType(size_t index) { return dayzero::InputType(index); }
+  static bool Optional(size_t index) { return index == 3; }
+  using Kernel = dayzero::Kernel;
+  static constexpr auto CreateKernel = dayzero::CreateKernel;
+  static constexpr auto ComputeOrThrow = dayzero::ComputeOrThrow;
+};
 
-ort::CustomOp MakeMatMulInt4() {
-  ort::CustomOp op;
-  std::memset(&op, 0, sizeof(op));
-  op.version = ort::kApiVersion;
-  op.GetName = [](const ort::CustomOp*) { return kOp; };
-  op.GetExecutionProviderType = [](const ort::CustomOp*) -> const char* { return nullptr; };
-  op.GetInputType = [](const ort::CustomOp*, size_t index) { return InputType(index); };
-  op.GetInputTypeCount = [](const ort::CustomOp*) { return kInputs; };
-  op.GetOutputType = [](const ort::CustomOp*, size_t) { return ort::kFloat; };
-  op.GetOutputTypeCount = [](const ort::CustomOp*) { return size_t{1}; };
-  op.KernelDestroy = [](void* kernel) { delete static_cast<Kernel*>(kernel); };
-  op.GetInputCharacteristic = [](const ort::CustomOp*, size_t index) {
-    return index == 3 ? ort::kOptional : ort::kRequired;
-  };
-  op.GetOutputCharacteristic = [](const ort::CustomOp*, size_t) { return ort::kRequired; };
-  op.GetInputMemoryType = [](const ort::CustomOp*, size_t) { return ort::kMemTypeDefault; };
-  op.CreateKernelV2 = CreateKernel;
-  op.KernelComputeV2 = Compute;
-  return op;
-}
-
-const ort::CustomOp kMatMulInt4 = MakeMatMulInt4();
+const ort::CustomOp kMatMulInt4 = MakeCustomOp<MatMulInt4Op>();
 
 }  // namespace
 

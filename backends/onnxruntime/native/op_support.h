@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <new>
 #include <string>
 
@@ -122,6 +123,51 @@ inline void RunParallel(void* runner, TaskFn fn, void* data, size_t total) {
   auto* pool = static_cast<ThreadPool*>(runner);
   if (pool->status) return;
   pool->status = pool->api->KernelContextParallelFor(pool->context, fn, total, 0, data);
+}
+
+// Runs `kernel(problem, RunParallel, &pool)` on ONNX Runtime's intra-op threads: the kernel's
+// message as an error status naming `op`, or a failed ParallelFor's status.
+template <typename Problem, typename Kernel>
+ort::Status* RunOnThreads(const ort::Api* api, const char* op, ort::KernelContext* context,
+                          const Problem& problem, Kernel kernel) {
+  ThreadPool pool{api, context, nullptr};
+  if (const char* why = kernel(problem, RunParallel, &pool)) {
+    if (pool.status) api->ReleaseStatus(pool.status);
+    return OpError(api, op, why);
+  }
+  return pool.status;
+}
+
+// The descriptor ONNX Runtime reads for a custom op on the CPU provider. `Op` supplies
+// kName, kInputs and kOutputs, InputType(index) and Optional(index) (float32 outputs, all
+// required), its Kernel type (which holds `api`), CreateKernel, and ComputeOrThrow, which may
+// throw: the descriptor's compute turns any exception into an error status.
+template <typename Op>
+ort::CustomOp MakeCustomOp() {
+  ort::CustomOp op;
+  std::memset(&op, 0, sizeof(op));
+  op.version = ort::kApiVersion;
+  op.GetName = [](const ort::CustomOp*) { return Op::kName; };
+  op.GetExecutionProviderType = [](const ort::CustomOp*) -> const char* { return nullptr; };
+  op.GetInputType = [](const ort::CustomOp*, size_t index) { return Op::InputType(index); };
+  op.GetInputTypeCount = [](const ort::CustomOp*) { return Op::kInputs; };
+  op.GetOutputType = [](const ort::CustomOp*, size_t) { return ort::kFloat; };
+  op.GetOutputTypeCount = [](const ort::CustomOp*) { return Op::kOutputs; };
+  op.KernelDestroy = [](void* kernel) { delete static_cast<typename Op::Kernel*>(kernel); };
+  op.GetInputCharacteristic = [](const ort::CustomOp*, size_t index) {
+    return Op::Optional(index) ? ort::kOptional : ort::kRequired;
+  };
+  op.GetOutputCharacteristic = [](const ort::CustomOp*, size_t) { return ort::kRequired; };
+  op.GetInputMemoryType = [](const ort::CustomOp*, size_t) { return ort::kMemTypeDefault; };
+  op.CreateKernelV2 = Op::CreateKernel;
+  op.KernelComputeV2 = [](void* kernel, ort::KernelContext* context) noexcept {
+    try {
+      return Op::ComputeOrThrow(kernel, context);
+    } catch (...) {
+      return OpFailure(static_cast<typename Op::Kernel*>(kernel)->api, Op::kName, "Compute");
+    }
+  };
+  return op;
 }
 
 }  // namespace dayzero

@@ -166,46 +166,22 @@ ort::Status* ComputeOrThrow(void* kernel, ort::KernelContext* context) {
   if (ort::Status* status = FloatOutput(api, context, 0, out_dims, &p.out)) return status;
   if (ort::Status* status = FloatOutput(api, context, 1, k_dims, &p.new_k)) return status;
   if (ort::Status* status = FloatOutput(api, context, 2, v_dims, &p.new_v)) return status;
-  ThreadPool pool{api, context, nullptr};
-  if (const char* why = PagedAttention(p, RunParallel, &pool)) {
-    if (pool.status) api->ReleaseStatus(pool.status);
-    return Error(api, why);
-  }
-  return pool.status;
+  return RunOnThreads(api, kOp, context, p, PagedAttention);
 }
 
-ort::Status* Compute(void* kernel, ort::KernelContext* context) noexcept {
-  try {
-    return ComputeOrThrow(kernel, context);
-  } catch (...) {
-    return Failure(static_cast<Kernel*>(kernel)->api, "Compute");
-  }
-}
-
-ort::CustomOp MakePagedAttention() {
-  ort::CustomOp op;
-  std::memset(&op, 0, sizeof(op));
-  op.version = ort::kApiVersion;
-  op.GetName = [](const ort::CustomOp*) { return "PagedAttention"; };
-  op.GetExecutionProviderType = [](const ort::CustomOp*) -> const char* { return nullptr; };
-  op.GetInputType = [](const ort::CustomOp*, size_t index) {
+struct PagedAttentionOp {
+  static constexpr const char* kName = kOp;
+  static constexpr size_t kInputs = dayzero::kInputs, kOutputs = 3;
+  static ort::ElementType InputType(size_t index) {
     return index < kFirstIndexInput ? ort::kFloat : ort::kInt64;
-  };
-  op.GetInputTypeCount = [](const ort::CustomOp*) { return kInputs; };
-  op.GetOutputType = [](const ort::CustomOp*, size_t) { return ort::kFloat; };
-  op.GetOutputTypeCount = [](const ort::CustomOp*) { return size_t{3}; };
-  op.KernelDestroy = [](void* kernel) { delete static_cast<Kernel*>(kernel); };
-  op.GetInputCharacteristic = [](const ort::CustomOp*, size_t index) {
-    return index >= 1 && index <= 4 ? ort::kOptional : ort::kRequired;
-  };
-  op.GetOutputCharacteristic = [](const ort::CustomOp*, size_t) { return ort::kRequired; };
-  op.GetInputMemoryType = [](const ort::CustomOp*, size_t) { return ort::kMemTypeDefault; };
-  op.CreateKernelV2 = CreateKernel;
-  op.KernelComputeV2 = Compute;
-  return op;
-}
+  }
+  static bool Optional(size_t index) { return index >= 1 && index <= 4; }
+  using Kernel = dayzero::Kernel;
+  static constexpr auto CreateKernel = dayzero::CreateKernel;
+  static constexpr auto ComputeOrThrow = dayzero::ComputeOrThrow;
+};
 
-const ort::CustomOp kPagedAttention = MakePagedAttention();
+const ort::CustomOp kPagedAttention = MakeCustomOp<PagedAttentionOp>();
 
 }  // namespace
 
