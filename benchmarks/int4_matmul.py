@@ -25,20 +25,12 @@ LAYER = [(1024, 1536), (1024, 1024), (1024, 5632), (2816, 1024)]  # (in, out): q
 SHAPES = LAYER * 8 + [(1024, 32000)]
 
 
-def kernel_layout(codes: np.ndarray, scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """MatMulNBits' codes [n, k/32, 16] and scales [n*k/32] in MatMulInt4's layout (what the
-    lowering's folded Reshape + Transpose make, backends/onnxruntime/convert_int4.py)."""
-    n, blocks, _ = codes.shape
-    tiles = codes.reshape(n // 8, 8, blocks // 2, 32).transpose(0, 2, 1, 3)
-    return (np.ascontiguousarray(tiles),
-            np.ascontiguousarray(scales.reshape(n // 8, 8, blocks).transpose(0, 2, 1)))
-
-
 def session(native: bool, threads: int, seed: int = 0):
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
     from backends.onnxruntime import native_ops
+    from backends.onnxruntime.convert_int4 import tile_layout
     from backends.onnxruntime.session import SessionConfig, session_options
 
     rng = np.random.default_rng(seed)
@@ -48,7 +40,7 @@ def session(native: bool, threads: int, seed: int = 0):
         codes = rng.integers(0, 256, (n, k // 32, 16), dtype=np.uint8)
         scales = (rng.random(n * k // 32, dtype=np.float32) + 0.5) * 0.01
         if native:  # float16 scales, as quantize_weights stores a float32 model's
-            codes, scales = kernel_layout(codes, scales.astype(np.float16))
+            codes, scales = tile_layout(codes, scales.astype(np.float16))
             node = helper.make_node("MatMulInt4", [inputs[k], f"w{i}", f"s{i}"], [f"y{i}"],
                                     domain=native_ops.DOMAIN)
         else:

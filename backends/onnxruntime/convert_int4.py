@@ -13,6 +13,8 @@ tensors are dropped once nothing reads them.
 
 from __future__ import annotations
 
+import numpy as np
+
 from compiler.ir import DType, Node
 
 from .builder import Builder
@@ -48,3 +50,13 @@ def matmul_int4(b: Builder, node: Node, x: list) -> list:
     scales = b.op1("Transpose", [b.op1("Reshape", [x[2], b.ints([tiles, TILE, blocks])])],
                    perm=[0, 2, 1])
     return [b.op1("MatMulInt4", [x[0], codes, scales, x[3]], domain=DOMAIN)]
+
+
+def tile_layout(codes: np.ndarray, scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """What `matmul_int4`'s folded Reshape + Transpose make of MatMulNBits' codes [N, K/32, 16]
+    and scales [N * K/32], in NumPy: codes [N/8, K/64, 8, 32], scales [N/8, K/32, 8] (for
+    tests and benchmarks that feed the kernel directly)."""
+    n, blocks, _ = codes.shape
+    tiles = codes.reshape(n // TILE, TILE, blocks // 2, 32).transpose(0, 2, 1, 3)
+    return (np.ascontiguousarray(tiles),
+            np.ascontiguousarray(scales.reshape(n // TILE, TILE, blocks).transpose(0, 2, 1)))

@@ -16,6 +16,7 @@ from torch import nn
 import compiler
 import runtime
 from backends.onnxruntime import native_ops
+from backends.onnxruntime.convert_int4 import tile_layout
 from backends.onnxruntime.session import SessionConfig, session_options
 
 pytestmark = pytest.mark.skipif(native_ops.library() is None, reason="native library not built")
@@ -30,13 +31,7 @@ def quantized(rng, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     return codes, scales
 
 
-def packed(codes: np.ndarray, scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The kernel's layout (int4_matmul.h): codes [n/8, k/64, 8, 32], scales f16
-    [n/8, k/32, 8]."""
-    n, blocks, _ = codes.shape
-    tiles = codes.reshape(n // 8, 8, blocks // 2, 32).transpose(0, 2, 1, 3)
-    return (np.ascontiguousarray(tiles),
-            np.ascontiguousarray(scales.reshape(n // 8, 8, blocks).transpose(0, 2, 1)))
+packed = tile_layout  # the kernel's layout (int4_matmul.h), as the lowering makes it
 
 
 def reference(x: np.ndarray, codes: np.ndarray, scales: np.ndarray, bias=None) -> np.ndarray:
@@ -211,3 +206,30 @@ def test_a_nonfinite_weight_scale_makes_its_column_nan(bad):
     want = reference(x, codes, scales)
     assert np.isnan(want[:, 5]).all() and np.isnan(got[:, 5]).all()
     np.testing.assert_allclose(np.delete(got, 5, 1), np.delete(want, 5, 1), rtol=1e-5, atol=1e-5)
+
+
+def test_the_folded_initializers_are_the_kernel_layout(tmp_path):
+    """The lowering's Reshape + Transpose on the stored MatMulNBits tensors fold, at load, into
+    exactly `tile_layout` of them: no transpose is left to run per call."""
+    from safetensors.numpy import load_file
+
+    config = {"quantize": {"weights": "int4", "group_size": 32, "activations": "int8"}}
+    path = compiler.compile(Mlp().eval(), (torch.randn(5, 128),), out=tmp_path / "m.dz",
+                            backend="onnxruntime", config=config)
+    options = session_options(SessionConfig(), external_folder=path)
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession((path / "backend" / "model.onnx").read_bytes(), options,
+                         providers=["CPUExecutionProvider"])
+    optimized = onnx.load(str(tmp_path / "optimized.onnx"), load_external_data=False)
+    assert not [n for n in optimized.graph.node if n.op_type in ("Transpose", "Reshape")]
+    folded = {t.name: numpy_helper.to_array(t) for t in optimized.graph.initializer
+              if t.data_location != onnx.TensorProto.EXTERNAL}  # what the folding made
+    stored = {}
+    for file in (path / "weights").glob("*.safetensors"):
+        stored.update(load_file(str(file)))
+    kernels = [n for n in optimized.graph.node if n.op_type == "MatMulInt4"]
+    assert len(kernels) == 2
+    for node, name in zip(kernels, ("up.weight", "down.weight")):
+        codes, scales = tile_layout(stored[f"{name}.q4"], stored[f"{name}.scales"])
+        np.testing.assert_array_equal(folded[node.input[1]], codes)
+        np.testing.assert_array_equal(folded[node.input[2]], scales)
