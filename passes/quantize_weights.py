@@ -186,7 +186,8 @@ def _stored(scale: Any, dtype: Any) -> Any:
         raise DayzeroError(f"a block's largest weight, {top * 8:.4g}, is beyond what "
                            f"{str(dtype).removeprefix('torch.')} scales hold", "quantize.weights",
                            "leave this model's weights in float (no quantize: section)")
-    smallest = torch.tensor(2.0 ** -24, dtype=dtype)  # float16's smallest subnormal
+    finfo = torch.finfo(dtype)
+    smallest = torch.tensor(finfo.tiny * finfo.eps, dtype=dtype)  # its smallest subnormal
     rounded = torch.where(rounded == 0, torch.copysign(smallest, scale.to(dtype)), rounded)
     return rounded.float()
 

@@ -18,6 +18,7 @@ import numpy as np
 from compiler.ir import DType, Node
 
 from .builder import Builder
+from .native_ops import DOMAIN
 
 TILE = 8     # output columns per tile
 PAIR = 64    # inputs per pair of blocks: one 32-byte load per column
@@ -41,8 +42,6 @@ def int4_fits(node: Node) -> str | None:
 
 def matmul_int4(b: Builder, node: Node, x: list) -> list:
     """ai.dayzero.MatMulInt4 on codes [N/8, K/64, 8, 32] and float16 scales [N/8, K/32, 8]."""
-    from .native_ops import DOMAIN
-
     n, blocks = node.inputs[1].type.shape[:2]
     tiles = int(n) // TILE
     codes = b.op1("Transpose", [b.op1("Reshape", [x[1], b.ints([tiles, TILE, blocks // 2, 32])])],
