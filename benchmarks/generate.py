@@ -11,7 +11,8 @@ library, written once into --workdir; every peer builds from that same folder:
   (`python -m onnxruntime_genai.models.builder -i CKPT -o DIR -p fp32|int4 -e cpu`).
 
 Each measurement runs in a fresh process with 2 threads (peak RSS is that process's). Printed:
-TTFT and decode ms/token at prompt 128 + 64 new tokens, batch 1, for each peer with ratios
+TTFT and decode ms/token at prompt 128 + 64 new tokens, batch 1, for each peer (the median of
+--rounds runs, the peers taking turns, with each round's ratio beside it) with ratios
 against the best peer of the same precision, the memory-bandwidth floor of a decode step
 (weight bytes it reads / measured 2-thread read bandwidth) and the FLOP roofline of the prompt
 (2 x matmul parameters x tokens / measured GEMM rate); dayzero's decode tokens/s at batch 8
@@ -40,7 +41,7 @@ import resource
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -296,6 +297,40 @@ def measure(peer: str, path: Path, context: int, new: int, batch: int) -> Result
 ERROR_PROMPTS = 4
 
 
+def measure_rounds(paths: dict[str, Path], context: int, new: int, rounds: int
+                   ) -> tuple[dict[str, Result | str], dict[str, list[Result]]]:
+    """Every peer `rounds` times, the peers taking turns within a round, so that a change in
+    the shared machine's load falls on all of them alike. Per peer: its median run (TTFT,
+    decode and rate each the median over the rounds; the highest peak RSS), or the first
+    failure; and the runs themselves, for per-round ratios."""
+    runs: dict[str, list[Result | str]] = {peer: [] for peer in paths}
+    for _ in range(rounds):
+        for peer, path in paths.items():
+            if not any(isinstance(r, str) for r in runs[peer]):
+                runs[peer].append(measure(peer, path, context, new, 1))
+    medians: dict[str, Result | str] = {}
+    for peer, results in runs.items():
+        failed = [r for r in results if isinstance(r, str)]
+        medians[peer] = failed[0] if failed else median_result(results)
+    return medians, {p: [r for r in rs if isinstance(r, Result)] for p, rs in runs.items()}
+
+
+def median_result(results: list[Result]) -> Result:
+    """One Result whose timings are the medians of `results` (same peer and shape)."""
+    def median(field: str) -> float:
+        return float(np.median([getattr(r, field) for r in results]))
+    return replace(results[0], ttft_ms=median("ttft_ms"), decode_ms=median("decode_ms"),
+                   tokens_per_s=median("tokens_per_s"),
+                   peak_rss=max(r.peak_rss for r in results))
+
+
+def round_ratios(mine: list[Result], theirs: list[list[Result]]) -> str:
+    """Each round's decode time against that round's best peer: how steady the ratio is."""
+    ratios = [m.decode_ms / min(t[k].decode_ms for t in theirs) for k, m in enumerate(mine)
+              if all(k < len(t) for t in theirs)]
+    return "  per round: " + ", ".join(f"{r:.2f}x" for r in ratios)
+
+
 def print_logit_errors(folder: Path, peers: dict[str, Path], prompt: int) -> None:
     """Each int4 peer's last-position logits against transformers' fp32 on the same prompts
     (each peer in a fresh process, as the timings)."""
@@ -414,6 +449,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reuse-builds", action="store_true",
                    help="run dayzero artifacts an earlier run left in --workdir (not cold)")
     p.add_argument("--skip-peers", action="store_true")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="runs of each peer for the batch-1 table, the peers taking turns; "
+                        "medians are printed")
     p.add_argument("--plot", default="generate-context.png")
     p.add_argument("--child", nargs=5, metavar=("PEER", "PATH", "CONTEXT", "NEW", "BATCH"))
     p.add_argument("--logits-child", nargs=4, metavar=("PEER", "PATH", "PROMPT", "OUT"))
@@ -469,9 +507,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{rate / 1e9:.0f} GFLOP/s -> prompt-{args.prompt} roofline {floor_ttft:.1f} ms")
     usable = {k: v for k, v in paths.items() if not isinstance(builds.get(k, 0.0), str)}
 
-    print(f"\n## prompt {args.prompt}, {args.new} new tokens, batch 1")
-    main_rows = {peer: measure(peer, path, args.prompt, args.new, 1)
-                 for peer, path in usable.items()}
+    print(f"\n## prompt {args.prompt}, {args.new} new tokens, batch 1 (median of "
+          f"{args.rounds} rounds)")
+    main_rows, runs = measure_rounds(usable, args.prompt, args.new, max(args.rounds, 1))
     print(_table([r if isinstance(r, Result) else (k, r) for k, r in main_rows.items()]))
     targets = [("fp32", "dayzero", ("transformers", "genai-fp32"), 0.9, "")] + [
         ("int4", int4_peer(g), ("genai-int4",), 0.9, int4_config(g)) for g in groups]
@@ -488,6 +526,8 @@ def main(argv: list[str] | None = None) -> int:
                          1.1 if precision == "fp32" else 0))
         if precision == "fp32":
             print(ratio_line("TTFT", mine.ttft_ms, best_ttft, floor_ttft, 0.9, 1.2))
+        if len(runs[ours]) > 1:
+            print(round_ratios(runs[ours], [runs[p] for p in peers if runs.get(p)]))
     if groups:
         print_logit_errors(folder, {k: v for k, v in usable.items() if "int4" in k}, args.prompt)
     if "fp32" not in precisions:

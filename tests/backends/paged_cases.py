@@ -117,4 +117,21 @@ STEPS = {
     "split-decode-window-softcap": Step([(2100, 1), (1900, 1)], size=24, pool=4050,
                                         attrs=dict(window=1500, softcap=3.0)),
     "split-prefill": Step([(1100, 9)], heads=8, kv_heads=2, size=16, pool=1200),
+    # a decode step of 4 or more sequences: each token's task takes every kv head at once
+    "wide-decode": Step([(37, 1), (20, 1), (5, 1), (64, 1), (90, 1)], heads=8, kv_heads=2,
+                        size=16, pool=300),
+    "wide-decode-with-a-prompt-chunk": Step([(12, 1), (30, 7), (40, 1), (3, 1), (70, 1)],
+                                            pool=200),
+    "wide-decode-two-tiles": Step([(11, 1), (30, 1), (7, 1), (19, 1)], heads=20, kv_heads=2,
+                                  size=8, pool=100),
+    "wide-decode-window-softcap": Step([(33, 1), (8, 1), (21, 1), (50, 1)], pool=150,
+                                       attrs=dict(window=9, softcap=4.0)),
+    # more kv heads than one task takes (32): two groups of them per token
+    "wide-decode-40-kv-heads": Step([(9, 1), (14, 1), (3, 1), (20, 1)], heads=40, kv_heads=40,
+                                    size=8, pool=80),
+    # heads of 256 floats: the kernel packs two kv heads' keys and values at a time
+    "wide-decode-grouped-packing": Step([(20, 1), (9, 1), (33, 1), (5, 1)], heads=4,
+                                        kv_heads=4, size=256, pool=100),
+    "wide-split-decode": Step([(1100, 1), (900, 1), (600, 1), (1200, 1)], heads=8, kv_heads=2,
+                              size=16, pool=3900),
 }

@@ -95,6 +95,27 @@ def test_nonfinite_inputs_follow_the_decomposition(where, value):
         assert_same(g, w)
 
 
+@pytest.mark.parametrize("case", ["wide-decode", "wide-split-decode"])
+@pytest.mark.parametrize("where, value", [("k_cache", np.nan), ("k_cache", np.inf),
+                                          ("v_cache", np.inf), ("v_cache", -np.inf),
+                                          ("q", np.nan)])
+def test_a_wide_decode_step_follows_the_decomposition_with_nonfinite_inputs(case, where,
+                                                                            value):
+    # sequence 2's token only: the tasks that take every kv head of one token at once must
+    # not spill it into their neighbours
+    step = STEPS[case]
+    arrays = step.arrays()
+    if where == "q":
+        arrays["q"][0, 2, 3] = value
+    else:
+        arrays[where][arrays["seq_slots"][2, 4], 1, 5] = value
+    got = run_native(step, arrays)
+    assert not np.isfinite(got[0][0, 2]).all()
+    assert np.isfinite(np.delete(got[0][0], 2, axis=0)).all()
+    for g, w in zip(got, reference(step, arrays)):
+        assert_same(g, w)
+
+
 @pytest.mark.parametrize("where, value", [("k_cache", np.nan), ("k_cache", np.inf),
                                           ("v_cache", np.inf), ("v_cache", np.nan)])
 def test_a_split_step_follows_the_decomposition_with_nonfinite_inputs(where, value):

@@ -78,3 +78,39 @@ def test_logit_error_figures():
         assert e["rel_rms"] == np.sqrt(5 / 26) and e["max_abs"] == 2.0 and e["top1"] == 0.5
         got[0, 0] = np.nan
         assert np.isnan(errors.error_figures(ref, got)["rel_rms"])
+
+
+def _result(bench, peer: str, ttft: float, decode: float, rss: int = 1):
+    return bench.Result(peer, 128, 1, ttft, decode, 1e3 / decode, 0, rss)
+
+
+def test_rounds_take_turns_and_report_each_peers_median(bench, monkeypatch):
+    calls = []
+    times = {"a": iter([10.0, 30.0, 20.0]), "b": iter([5.0, 50.0, 40.0])}
+
+    def measure(peer, path, context, new, batch):
+        calls.append(peer)
+        decode = next(times[peer])
+        return _result(bench, peer, 2 * decode, decode, rss=int(decode))
+
+    monkeypatch.setattr(bench, "measure", measure)
+    medians, runs = bench.measure_rounds({"a": "A", "b": "B"}, 128, 64, 3)
+    assert calls == ["a", "b"] * 3  # the peers alternate round by round
+    assert medians["a"].decode_ms == 20.0 and medians["a"].ttft_ms == 40.0
+    assert medians["b"].decode_ms == 40.0 and medians["b"].peak_rss == 50  # the highest
+    assert [r.decode_ms for r in runs["b"]] == [5.0, 50.0, 40.0]
+    # each round against that round's best peer: 10/5, 30/50, 20/40
+    assert bench.round_ratios(runs["a"], [runs["b"]]) == "  per round: 2.00x, 0.60x, 0.50x"
+
+
+def test_a_peer_that_fails_is_reported_and_not_rerun(bench, monkeypatch):
+    calls = []
+
+    def measure(peer, path, context, new, batch):
+        calls.append(peer)
+        return "timed out after 1800 s" if peer == "b" else _result(bench, peer, 1.0, 1.0)
+
+    monkeypatch.setattr(bench, "measure", measure)
+    medians, runs = bench.measure_rounds({"a": "A", "b": "B"}, 128, 64, 3)
+    assert medians["b"] == "timed out after 1800 s" and runs["b"] == []
+    assert calls.count("b") == 1 and calls.count("a") == 3

@@ -5,10 +5,11 @@
 // anyway (the runtime writes them into the pool), and the second phase reads a new token's key
 // from there, exactly as it reads a cached key from the pool.
 //
-// The second has one task per block of kTokenTile consecutive tokens, tile of up to kHeadTile
-// query heads per kv head and block of up to kKvTile kv heads (GQA: each kv head's rows are
-// its query heads' rows of every token, up to kRows; a task takes several kv heads so that a
-// slot's rows of them, contiguous in the pool, are read together). The block's rows walk their
+// The second has one task per block of up to kTokenTile consecutive tokens of one sequence,
+// tile of up to kHeadTile query heads per kv head and group of up to kKvTile kv heads (GQA:
+// each kv head's rows are its query heads' rows of every token, up to kRows; a task takes
+// several kv heads so that a slot's rows of them, contiguous in the pool, are read together;
+// Tasks says how many). The block's rows walk their
 // visible keys together, kChunk keys at a time, so each scattered key and value row is fetched
 // from memory once per block, not once per token and head. Per chunk a task prefetches the
 // next chunk's rows into L2, and per kv head: packs the chunk's keys transposed ([channel][key],
@@ -61,14 +62,26 @@ constexpr int64_t kTaskRows = 1024;  // rows of all its kv heads: a task takes u
 constexpr int64_t kKvTile = 32;     // ... kv heads, so that it reads a slot's rows of them at once
 constexpr int64_t kSplitKeys = 512;  // fewest key positions in a part of a split step
 constexpr int64_t kMinTasks = 32;    // a step with fewer tasks than this splits its keys
+constexpr int64_t kWideDecodeBlocks = 4;  // decode tokens from which each takes all kv heads
+constexpr int64_t kPackFloats = 1 << 16;  // a task packs the keys and values of as many kv
+                                          // heads as fit in 256 KB at once
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 enum Failure : int { kNone = 0, kBadSequence = 1, kBadSlot = 2, kNoMemory = 3 };
 
+// Part of the work of phase 2: tokens [t0, t1) of one sequence, at kv heads [g0, g0 + kvs), at
+// the tile-th tile of up to kHeadTile query heads of each.
+struct Task {
+  int64_t t0, t1, g0, kvs, tile;
+};
+
 struct Shared {
   const PagedProblem* p;
   bool vectorized;
+  std::vector<Task> tasks;
+  int64_t buffer_rows = 0;  // the most rows a task holds (TaskRows)
+  int64_t pack_heads = 1;   // kv heads whose chunk of keys and values a task packs at once
   int64_t parts = 1;  // key parts per task (1: not split, rows go straight to `out`)
   std::atomic<int> failure{kNone};
   std::vector<float> partials;  // [parts, tokens, num_heads, v_size + 2] when split
@@ -163,33 +176,6 @@ DZ_PAGED_AVX2 inline float HorizontalMax(__m256 x) {
   s = _mm_max_ps(s, _mm_movehl_ps(s, s));
   s = _mm_max_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
-}
-
-// PackScalar for a head size that is a multiple of 8: 8 x 8 blocks transposed in registers.
-DZ_PAGED_AVX2 void PackAvx2(const Chunk& c, int64_t size, int64_t padded, float* kt) {
-  for (int64_t i0 = 0; i0 < padded; i0 += 8) {
-    for (int64_t d0 = 0; d0 < size; d0 += 8) {
-      __m256 r[8];
-      for (int64_t j = 0; j < 8; ++j)
-        r[j] = i0 + j < c.n ? _mm256_loadu_ps(c.key(i0 + j) + d0) : _mm256_setzero_ps();
-      __m256 t[8], u[8];
-      for (int j = 0; j < 8; j += 2) {
-        t[j] = _mm256_unpacklo_ps(r[j], r[j + 1]);
-        t[j + 1] = _mm256_unpackhi_ps(r[j], r[j + 1]);
-      }
-      for (int j = 0; j < 8; j += 4) {
-        u[j] = _mm256_shuffle_ps(t[j], t[j + 2], 0x44);
-        u[j + 1] = _mm256_shuffle_ps(t[j], t[j + 2], 0xEE);
-        u[j + 2] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0x44);
-        u[j + 3] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0xEE);
-      }
-      float* dst = kt + d0 * kChunk + i0;
-      for (int j = 0; j < 4; ++j) {
-        _mm256_storeu_ps(dst + j * kChunk, _mm256_permute2f128_ps(u[j], u[j + 4], 0x20));
-        _mm256_storeu_ps(dst + (j + 4) * kChunk, _mm256_permute2f128_ps(u[j], u[j + 4], 0x31));
-      }
-    }
-  }
 }
 
 // Scores of R rows (from r0) against the 16 packed keys from column i0: 2R accumulators.
@@ -372,12 +358,62 @@ DZ_PAGED_AVX2 float ScaleMaxAvx2(float* s, int64_t n, float scale, float start) 
 }
 #endif
 
-void Pack(bool vectorized, const Chunk& c, int64_t size, int64_t padded, float* kt) {
 #if DZ_PAGED_X86
-  if (vectorized && size % 8 == 0) return PackAvx2(c, size, padded, kt);
+// PackScalar for a head size that is a multiple of 8 (8 x 8 blocks transposed in registers),
+// for `kvs` kv heads at once, kv head g into kt + g * size * kChunk: each group of 8 key rows
+// is read from start to end (every kv head of the pass), 8 streams, not one slice per kv head.
+DZ_PAGED_AVX2 void PackWideAvx2(const Chunk& c, int64_t kvs, int64_t size, int64_t padded,
+                                float* kt) {
+  for (int64_t i0 = 0; i0 < padded; i0 += 8) {
+    for (int64_t g = 0; g < kvs; ++g) {
+      for (int64_t d0 = 0; d0 < size; d0 += 8) {
+        __m256 r[8];
+        for (int64_t j = 0; j < 8; ++j)
+          r[j] = i0 + j < c.n ? _mm256_loadu_ps(c.keys[i0 + j] + g * size + d0)
+                              : _mm256_setzero_ps();
+        __m256 t[8], u[8];
+        for (int j = 0; j < 8; j += 2) {
+          t[j] = _mm256_unpacklo_ps(r[j], r[j + 1]);
+          t[j + 1] = _mm256_unpackhi_ps(r[j], r[j + 1]);
+        }
+        for (int j = 0; j < 8; j += 4) {
+          u[j] = _mm256_shuffle_ps(t[j], t[j + 2], 0x44);
+          u[j + 1] = _mm256_shuffle_ps(t[j], t[j + 2], 0xEE);
+          u[j + 2] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0x44);
+          u[j + 3] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0xEE);
+        }
+        float* dst = kt + g * size * kChunk + d0 * kChunk + i0;
+        for (int j = 0; j < 4; ++j) {
+          _mm256_storeu_ps(dst + j * kChunk, _mm256_permute2f128_ps(u[j], u[j + 4], 0x20));
+          _mm256_storeu_ps(dst + (j + 4) * kChunk, _mm256_permute2f128_ps(u[j], u[j + 4], 0x31));
+        }
+      }
+    }
+  }
+}
 #endif
-  (void)vectorized;
-  PackScalar(c, size, padded, kt);
+
+// The chunk's keys packed and values copied for kv heads [0, kvs) of the task (kv head g's at
+// kt + g * head_size * kChunk and vt + g * v_size * kChunk).
+void PackChunk(bool vectorized, const PagedProblem& p, Chunk& c, int64_t kvs, int64_t padded,
+               float* kt, float* vt) {
+#if DZ_PAGED_X86
+  if (vectorized && p.head_size % 8 == 0) {
+    PackWideAvx2(c, kvs, p.head_size, padded, kt);
+  } else
+#endif
+  {
+    for (int64_t g = 0; g < kvs; ++g) {
+      c.key_offset = g * p.head_size;
+      PackScalar(c, p.head_size, padded, kt + g * p.head_size * kChunk);
+    }
+  }
+  for (int64_t i = 0; i < c.n; ++i) {  // contiguous: the rows, a slot's width apart, share L1 sets
+    for (int64_t g = 0; g < kvs; ++g) {
+      const float* value = c.values[i] + g * p.v_size;
+      std::copy(value, value + p.v_size, vt + (g * kChunk + i) * p.v_size);
+    }
+  }
 }
 
 void Score(bool vectorized, const Rows& rows, int64_t size, int64_t padded) {
@@ -500,32 +536,64 @@ void PrefetchChunk(const PagedProblem& p, const int64_t* slots, int64_t first, i
   }
 }
 
-inline int64_t Tiles(const PagedProblem& p) {
-  return (p.num_heads / p.kv_heads + kHeadTile - 1) / kHeadTile;
+// Query heads of one kv head in a task's tile.
+inline int64_t TileHeads(const PagedProblem& p) {
+  return std::min(kHeadTile, p.num_heads / p.kv_heads);
 }
 
-inline int64_t TokenBlocks(const PagedProblem& p) {
-  return (p.tokens + kTokenTile - 1) / kTokenTile;
+// The step's blocks: runs of up to kTokenTile consecutive tokens of one sequence (a decode
+// step's tokens are a block each). Tokens whose sequence is out of range form blocks like any
+// others; Attend reports them.
+std::vector<std::pair<int64_t, int64_t>> Blocks(const PagedProblem& p) {
+  std::vector<std::pair<int64_t, int64_t>> blocks;
+  for (int64_t t = 0; t < p.tokens; ++t) {
+    if (blocks.empty() || p.token_seq[t] != p.token_seq[t - 1] ||
+        t - blocks.back().first == kTokenTile)
+      blocks.emplace_back(t, t);
+    blocks.back().second = t + 1;
+  }
+  return blocks;
 }
 
-// Kv heads per task: as many as keep its rows within kTaskRows; but one when that leaves
-// fewer than kMinTasks tasks (a decode step: every kv head in one task ran the whole
-// attention on one thread while the others waited), so that the threads share it.
-inline int64_t KvTile(const PagedProblem& p) {
-  const int64_t heads = std::min(kHeadTile, p.num_heads / p.kv_heads);
+// Splits the step into tasks: each block at each tile of query heads, per group of kv heads.
+//
+// How many kv heads a task takes trades contiguous reads against parallel tasks. A slot's rows
+// of all kv heads are one contiguous stretch of the pool, so a task that takes them all reads
+// whole rows (a decode step of 8 sequences at 1500 keys ran 1.5x faster so), but it leaves
+// fewer tasks. A block of one token (decode) takes every kv head (up to kTaskRows rows) when
+// the step has at least kWideDecodeBlocks of them; a lone sequence's decode instead gives each
+// kv head its own task, so that the threads share it. A longer block (a prompt chunk, whose
+// rows already share each key it reads) takes as many kv heads as keep its rows within
+// kTaskRows, or one when that would leave fewer than kMinTasks tasks.
+std::vector<Task> Tasks(const PagedProblem& p) {
+  const int64_t heads = TileHeads(p);
+  const int64_t tiles = (p.num_heads / p.kv_heads + kHeadTile - 1) / kHeadTile;
+  const auto blocks = Blocks(p);
+  int64_t singles = 0;
+  for (const auto& b : blocks) singles += b.second - b.first == 1;
   const int64_t widest =
       std::min({p.kv_heads, kKvTile, std::max<int64_t>(1, kTaskRows / (kTokenTile * heads))});
-  const int64_t blocks = (p.kv_heads + widest - 1) / widest;
-  return TokenBlocks(p) * Tiles(p) * blocks < kMinTasks ? 1 : widest;
+  const int64_t chunk_tasks = (static_cast<int64_t>(blocks.size()) - singles) * tiles *
+                              ((p.kv_heads + widest - 1) / widest);
+  const int64_t chunk_tile = chunk_tasks < kMinTasks ? 1 : widest;
+  const int64_t decode_tile =
+      singles * tiles >= kWideDecodeBlocks
+          ? std::min({p.kv_heads, kKvTile, std::max<int64_t>(1, kTaskRows / heads)})
+          : 1;
+  std::vector<Task> tasks;
+  for (const auto& b : blocks) {
+    const int64_t kv_tile = b.second - b.first == 1 ? decode_tile : chunk_tile;
+    for (int64_t g0 = 0; g0 < p.kv_heads; g0 += kv_tile) {
+      for (int64_t tile = 0; tile < tiles; ++tile)
+        tasks.push_back({b.first, b.second, g0, std::min(kv_tile, p.kv_heads - g0), tile});
+    }
+  }
+  return tasks;
 }
 
-// Rows of one kv head in a task.
-inline int64_t ViewRows(const PagedProblem& p) {
-  return kTokenTile * std::min(kHeadTile, p.num_heads / p.kv_heads);
-}
-
-inline int64_t KvBlocks(const PagedProblem& p) {
-  return (p.kv_heads + KvTile(p) - 1) / KvTile(p);
+// Rows of a task's buffer: its kv heads' rows of every token of its block.
+inline int64_t TaskRows(const PagedProblem& p, const Task& task) {
+  return task.kvs * (task.t1 - task.t0) * TileHeads(p);
 }
 
 // The entries [lo, hi) of a chunk (ordered by position) whose positions fall in [begin, end).
@@ -561,9 +629,6 @@ void AttendChunk(const Shared& k, Rows& rows, int64_t heads, const Chunk& c, con
   const PagedProblem& p = *k.p;
   const int64_t tokens = rows.count / heads;
   const int64_t padded = (c.n + kPanel - 1) / kPanel * kPanel;
-  Pack(k.vectorized, c, p.head_size, padded, rows.kt);
-  for (int64_t i = 0; i < c.n; ++i)  // contiguous: the rows, a slot's width apart, share L1 sets
-    std::copy(c.value(i), c.value(i) + p.v_size, rows.vt + i * p.v_size);
   Score(k.vectorized, rows, p.head_size, padded);
   for (int64_t t0 = 0; t0 < tokens;) {
     int64_t t1 = t0 + 1;
@@ -672,6 +737,16 @@ bool AttendRun(Shared& k, int64_t t0, int64_t t1, int64_t g0, int64_t kvs, int64
     }
     if (!seen) continue;
     for (int64_t i = 0; i < kvs; ++i) {
+      if (i % k.pack_heads == 0) {  // the next pack_heads kv heads' keys and values, in one pass
+        Chunk group = chunk;
+        for (int64_t j = 0; j < chunk.n; ++j) {
+          group.keys[j] += i * p.head_size;
+          group.values[j] += i * p.v_size;
+        }
+        PackChunk(k.vectorized, p, group, std::min(k.pack_heads, kvs - i),
+                  (chunk.n + kPanel - 1) / kPanel * kPanel, views[i].rows.kt,
+                  views[i].rows.vt);
+      }
       chunk.key_offset = i * p.head_size;
       chunk.value_offset = i * p.v_size;
       AttendChunk(k, views[i].rows, heads, chunk, from, to);
@@ -682,50 +757,52 @@ bool AttendRun(Shared& k, int64_t t0, int64_t t1, int64_t g0, int64_t kvs, int64
 }
 
 // The thread's buffer for a task's rows, packed keys and values and scores (kept between
-// calls: each call's tasks need the same size, about 1 MB for head sizes up to 128).
-float* TaskBuffer(const PagedProblem& p) {
+// calls: each call's tasks need about the same size, up to about 1 MB for head sizes up to
+// 128).
+float* TaskBuffer(const Shared& k) {
+  const PagedProblem& p = *k.p;
   thread_local std::vector<float> buffer;
-  const int64_t rows = KvTile(p) * ViewRows(p);  // each: query, accumulator, maximum and sum
-  const size_t floats = static_cast<size_t>(rows * (p.head_size + p.v_size + 2) +
-                                            (p.head_size + p.v_size + kRows) * kChunk);
+  // each row: query, accumulator, maximum and sum
+  const size_t floats = static_cast<size_t>(k.buffer_rows * (p.head_size + p.v_size + 2) +
+                                            (k.pack_heads * (p.head_size + p.v_size) + kRows) *
+                                                kChunk);
   if (buffer.size() < floats) buffer.resize(floats);
   return buffer.data();
 }
 
-// Phase 2: part `part` of a block of up to kTokenTile consecutive tokens, a block of up to
-// KvTile kv heads, a tile of up to kHeadTile of their query heads; the block's tokens are taken
-// run by run of one sequence.
+// Phase 2: part `part` of a task (Tasks); its block's tokens are taken run by run of one
+// sequence.
 void Attend(void* data, size_t index) noexcept {
   Shared& k = *static_cast<Shared*>(data);
   const PagedProblem& p = *k.p;
-  const int64_t tiles = Tiles(p), group = p.num_heads / p.kv_heads, kv_blocks = KvBlocks(p);
+  const int64_t group = p.num_heads / p.kv_heads;
   const int64_t part = static_cast<int64_t>(index) % k.parts;
-  const int64_t task = static_cast<int64_t>(index) / k.parts;
-  const int64_t block = task / (kv_blocks * tiles), tile = task % tiles;
-  const int64_t g0 = task / tiles % kv_blocks * KvTile(p);
-  const int64_t kvs = std::min(KvTile(p), p.kv_heads - g0);
-  const int64_t heads = std::min(kHeadTile, group - tile * kHeadTile);
-  const int64_t t_end = std::min(p.tokens, (block + 1) * kTokenTile);
+  const Task& task = k.tasks[static_cast<size_t>(index) / k.parts];
+  const int64_t kvs = task.kvs, heads = std::min(kHeadTile, group - task.tile * kHeadTile);
+  const int64_t t_end = task.t1;
   float* buffer;
   try {
-    buffer = TaskBuffer(p);
+    buffer = TaskBuffer(k);
   } catch (const std::bad_alloc&) {
     return Fail(k, kNoMemory);
   }
   KvRows views[kKvTile];
   const int64_t stride = p.head_size + p.v_size;
-  float* kt = buffer + KvTile(p) * ViewRows(p) * stride;
+  const int64_t view_rows = (task.t1 - task.t0) * TileHeads(p);  // rows of one kv head
+  float* kt = buffer + k.buffer_rows * stride;
   for (int64_t i = 0; i < kvs; ++i) {
-    views[i].first = (g0 + i) * group + tile * kHeadTile;
-    views[i].rows.base = buffer + i * ViewRows(p) * stride;
+    views[i].first = (task.g0 + i) * group + task.tile * kHeadTile;
+    views[i].rows.base = buffer + i * view_rows * stride;
     views[i].rows.stride = stride;
-    views[i].rows.kt = kt;  // the kv heads take turns with the packed keys and the scores
-    views[i].rows.vt = kt + p.head_size * kChunk;
-    views[i].rows.scores = views[i].rows.vt + p.v_size * kChunk;
-    views[i].rows.peak = views[i].rows.scores + kRows * kChunk + 2 * i * ViewRows(p);
-    views[i].rows.sum = views[i].rows.peak + ViewRows(p);
+    const int64_t packed = i % k.pack_heads;  // its place among the kv heads packed together
+    views[i].rows.kt = kt + packed * p.head_size * kChunk;
+    views[i].rows.vt = kt + (k.pack_heads * p.head_size + packed * p.v_size) * kChunk;
+    // the kv heads take turns with the scores
+    views[i].rows.scores = kt + k.pack_heads * (p.head_size + p.v_size) * kChunk;
+    views[i].rows.peak = views[i].rows.scores + kRows * kChunk + 2 * i * view_rows;
+    views[i].rows.sum = views[i].rows.peak + view_rows;
   }
-  for (int64_t t0 = block * kTokenTile; t0 < t_end;) {
+  for (int64_t t0 = task.t0; t0 < t_end;) {
     const int64_t seq = p.token_seq[t0];
     int64_t t1 = t0 + 1;
     while (t1 < t_end && p.token_seq[t1] == seq) ++t1;
@@ -740,7 +817,7 @@ void Attend(void* data, size_t index) noexcept {
           }
         }
       }
-    } else if (!AttendRun(k, t0, t1, g0, kvs, heads, part, views)) {
+    } else if (!AttendRun(k, t0, t1, task.g0, kvs, heads, part, views)) {
       return Fail(k, kBadSlot);
     }
     t0 = t1;
@@ -816,7 +893,18 @@ const char* PagedAttention(const PagedProblem& p, ParallelFor parallel_for, void
   Shared k;
   k.p = &p;
   k.vectorized = Vectorized();
-  const int64_t tasks = TokenBlocks(p) * KvBlocks(p) * Tiles(p);
+  try {
+    k.tasks = Tasks(p);
+  } catch (const std::bad_alloc&) {
+    return "out of memory for the attention's task list";
+  }
+  for (const Task& task : k.tasks) {
+    k.buffer_rows = std::max(k.buffer_rows, TaskRows(p, task));
+    k.pack_heads = std::max(k.pack_heads, task.kvs);
+  }
+  k.pack_heads = std::min(k.pack_heads, std::max<int64_t>(
+                                            1, kPackFloats / ((p.head_size + p.v_size) * kChunk)));
+  const int64_t tasks = static_cast<int64_t>(k.tasks.size());
   k.parts = Parts(p, tasks);
   if (k.parts > 1) {
     try {
