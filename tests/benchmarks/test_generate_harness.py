@@ -94,7 +94,7 @@ def test_rounds_take_turns_and_report_each_peers_median(bench, monkeypatch):
         return _result(bench, peer, 2 * decode, decode, rss=int(decode))
 
     monkeypatch.setattr(bench, "measure", measure)
-    medians, runs = bench.measure_rounds({"a": "A", "b": "B"}, 128, 64, 3)
+    medians, runs = bench.measure_rounds({"a": ("a", "A", 1), "b": ("b", "B", 1)}, 128, 64, 3)
     assert calls == ["a", "b"] * 3  # the peers alternate round by round
     assert medians["a"].decode_ms == 20.0 and medians["a"].ttft_ms == 40.0
     assert medians["b"].decode_ms == 40.0 and medians["b"].peak_rss == 50  # the highest
@@ -111,6 +111,25 @@ def test_a_peer_that_fails_is_reported_and_not_rerun(bench, monkeypatch):
         return "timed out after 1800 s" if peer == "b" else _result(bench, peer, 1.0, 1.0)
 
     monkeypatch.setattr(bench, "measure", measure)
-    medians, runs = bench.measure_rounds({"a": "A", "b": "B"}, 128, 64, 3)
+    medians, runs = bench.measure_rounds({"a": ("a", "A", 1), "b": ("b", "B", 1)}, 128, 64, 3)
     assert medians["b"] == "timed out after 1800 s" and runs["b"] == []
     assert calls.count("b") == 1 and calls.count("a") == 3
+
+
+def test_batch_8_runs_in_the_rounds_under_its_own_label_and_is_compared_round_by_round(
+        bench, monkeypatch):
+    calls = []
+    rates = iter([50.0, 260.0, 40.0, 210.0])  # round 1: 5.2x, round 2: 5.25x
+
+    def measure(peer, path, context, new, batch):
+        calls.append((peer, batch))
+        rate = next(rates)
+        return bench.Result(peer, context, batch, 1.0, 1e3 * batch / rate, rate, 0, 1)
+
+    monkeypatch.setattr(bench, "measure", measure)
+    jobs = {"dayzero": ("dayzero", "D", 1), bench.BATCH8: ("dayzero", "D", 8)}
+    medians, runs = bench.measure_rounds(jobs, 128, 64, 2)
+    assert calls == [("dayzero", 1), ("dayzero", 8)] * 2
+    assert medians[bench.BATCH8].batch == 8 and medians["dayzero"].tokens_per_s == 45.0
+    # each round against its own batch 1, not the medians (235 / 45 = 5.22)
+    assert bench.batch_ratios(runs[bench.BATCH8], runs["dayzero"]) == [5.2, 5.25]
