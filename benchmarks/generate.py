@@ -16,9 +16,10 @@ TTFT and decode ms/token at prompt 128 + 64 new tokens, batch 1, for each peer (
 against the best peer of the same precision, the memory-bandwidth floor of a decode step
 (weight bytes it reads / measured 2-thread read bandwidth) and the FLOP roofline of the prompt
 (2 x matmul parameters x tokens / measured GEMM rate); dayzero's decode tokens/s at batch 8
-against batch 1 (run in the same rounds, the median of the rounds' ratios); and per context length (--context) TTFT, decode ms/token, KV-cache bytes and
-peak RSS, with peers up to --peers-max tokens (ORT GenAI's CPU attention materialises
-heads x S x S probabilities), plotted into --plot.
+against batch 1 (run in the same rounds, the median of the rounds' ratios); and per context
+length (--context) TTFT, decode ms/token, KV-cache bytes and peak RSS, with peers up to
+--peers-max tokens (ORT GenAI's CPU attention materialises heads x S x S probabilities),
+plotted into --plot.
 
     python benchmarks/generate.py                              # everything (tens of minutes)
     python benchmarks/generate.py --context 512,2048 --skip-int4
@@ -368,18 +369,50 @@ def print_logit_errors(folder: Path, peers: dict[str, Path], prompt: int) -> Non
 def read_bandwidth(threads: int = THREADS, megabytes: int = 512) -> float:
     """Bytes per second a `threads`-thread matrix-vector product streams from a matrix far
     larger than the caches: what a decode step's weight reads can reach here (the better of
-    torch's and ONNX Runtime's GEMV)."""
+    torch's and ONNX Runtime's GEMV, each the median of 8 calls: the best one is at the
+    mercy of a neighbour's quiet moment)."""
     import torch
 
     torch.set_num_threads(threads)
     rows = (megabytes << 20) // (4 * 4096)
     matrix, vector = torch.randn(rows, 4096), torch.randn(4096)
-    best = float("inf")
-    for _ in range(8):
+    seconds = _median_time(lambda: torch.mv(matrix, vector))
+    run = _ort_gemv(matrix.numpy(), threads)
+    if run is not None:
+        seconds = min(seconds, _median_time(run))
+    return matrix.numel() * 4 / seconds
+
+
+def _median_time(call, calls: int = 8) -> float:
+    call()  # first-call allocations
+    times = []
+    for _ in range(calls):
         start = time.perf_counter()
-        torch.mv(matrix, vector)
-        best = min(best, time.perf_counter() - start)
-    return matrix.numel() * 4 / best
+        call()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def _ort_gemv(matrix: np.ndarray, threads: int):
+    """A call of ONNX Runtime's MatMul of one row by `matrix` transposed (the weights as
+    dayzero's and GenAI's decode steps hold them, prepacked at load), or None without ORT."""
+    try:
+        import onnxruntime as ort
+        from onnx import TensorProto, helper, numpy_helper
+    except ImportError:
+        return None
+    node = helper.make_node("Gemm", ["x", "w"], ["y"], transB=1)
+    graph = helper.make_graph(
+        [node], "gemv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4096])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, matrix.shape[0]])],
+        [numpy_helper.from_array(matrix, "w")])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1")
+    session = ort.InferenceSession(helper.make_model(graph).SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    feeds = {"x": np.ones((1, 4096), np.float32)}
+    return lambda: session.run(None, feeds)
 
 
 def gemm_rate() -> float:

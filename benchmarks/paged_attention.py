@@ -5,7 +5,8 @@ The 150M Llama-shaped benchmark's attention (16 query heads, 4 KV heads, head si
 one graph holding one paged_attention node is compiled with the onnxruntime backend and run on
 generation steps whose cached keys live in shuffled 16-slot pool blocks (as the runtime's paged
 cache places them): a prefill chunk of `--chunk` tokens after `--cached` keys, and a decode step
-(one token) after each of `--decode` keys. torch sees the same rotated queries, keys and values
+of one token per sequence, for each count in `--sequences`, after each of `--decode` keys.
+torch sees the same rotated queries, keys and values
 as contiguous [1, heads, L, 64] tensors (GQA through `enable_gqa`, a prefill chunk's causal
 offset through a boolean mask, as transformers passes it). Both use `--threads` threads and
 alternate in rounds, so the machine's drift hits both alike. Prints the median ms per call of
@@ -40,25 +41,29 @@ NAMES = ["q", "k", "v", "cos", "sin", "k_cache", "v_cache", "seq_slots", "token_
          "token_len"]
 
 
-def step(tokens: int, cached: int, seed: int = 0) -> dict[str, np.ndarray]:
-    """One sequence: `tokens` new tokens after `cached` keys held in shuffled pool blocks."""
+def step(tokens: int, cached: int, seed: int = 0, sequences: int = 1) -> dict[str, np.ndarray]:
+    """`sequences` sequences, each `tokens` new tokens after `cached` keys held in shuffled pool
+    blocks (the sequences' tokens packed one sequence after another, as the runtime packs a
+    step)."""
     rng = np.random.default_rng(seed)
-    blocks = -(-cached // BLOCK) + 1
-    order = rng.permutation(blocks)
-    slots = np.empty((1, cached + tokens), np.int64)
-    slots[0, :cached] = (order[:, None] * BLOCK + np.arange(BLOCK)).reshape(-1)[:cached]
-    slots[0, cached:] = -2 - np.arange(tokens)
-    positions = cached + np.arange(tokens)
+    per_sequence = -(-cached // BLOCK) + 1
+    order = rng.permutation(per_sequence * sequences).reshape(sequences, per_sequence)
+    slots = np.empty((sequences, cached + tokens), np.int64)
+    for s, blocks in enumerate(order):
+        slots[s, :cached] = (blocks[:, None] * BLOCK + np.arange(BLOCK)).reshape(-1)[:cached]
+        slots[s, cached:] = -2 - (s * tokens + np.arange(tokens))
+    positions = np.tile(cached + np.arange(tokens), sequences)
     angles = positions[:, None] / 10000.0 ** (np.arange(SIZE) % (SIZE // 2) / (SIZE // 2))
+    total, pool = sequences * tokens, per_sequence * sequences * BLOCK
     arrays = dict(
-        q=rng.standard_normal((1, tokens, HEADS * SIZE)),
-        k=rng.standard_normal((1, tokens, KV_HEADS * SIZE)),
-        v=rng.standard_normal((1, tokens, KV_HEADS * SIZE)),
+        q=rng.standard_normal((1, total, HEADS * SIZE)),
+        k=rng.standard_normal((1, total, KV_HEADS * SIZE)),
+        v=rng.standard_normal((1, total, KV_HEADS * SIZE)),
         cos=np.cos(angles), sin=np.sin(angles),
-        k_cache=rng.standard_normal((blocks * BLOCK, KV_HEADS, SIZE)),
-        v_cache=rng.standard_normal((blocks * BLOCK, KV_HEADS, SIZE)))
+        k_cache=rng.standard_normal((pool, KV_HEADS, SIZE)),
+        v_cache=rng.standard_normal((pool, KV_HEADS, SIZE)))
     arrays = {k: a.astype(np.float32) for k, a in arrays.items()}
-    arrays.update(seq_slots=slots, token_seq=np.zeros(tokens, np.int64),
+    arrays.update(seq_slots=slots, token_seq=np.repeat(np.arange(sequences), tokens),
                   token_len=(positions + 1).astype(np.int64))
     return arrays
 
@@ -79,20 +84,27 @@ def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 
 
 def torch_inputs(arrays: dict[str, np.ndarray], new_k: np.ndarray) -> dict[str, torch.Tensor]:
-    """The step as contiguous tensors for scaled_dot_product_attention."""
-    tokens = arrays["q"].shape[1]
-    q = rotate(arrays["q"][0].reshape(tokens, HEADS, SIZE), arrays["cos"], arrays["sin"])
-    cached = arrays["seq_slots"][0, :-tokens]
-    keys = np.concatenate([arrays["k_cache"][cached], new_k])
-    values = np.concatenate([arrays["v_cache"][cached],
-                             arrays["v"][0].reshape(tokens, KV_HEADS, SIZE)])
-    heads_first = [torch.from_numpy(np.ascontiguousarray(x.transpose(1, 0, 2)[None]))
-                   for x in (q, keys, values)]
-    length = keys.shape[0]
+    """The step as contiguous tensors for scaled_dot_product_attention, a batch row per
+    sequence."""
+    slots = arrays["seq_slots"]
+    sequences, tokens = slots.shape[0], arrays["q"].shape[1] // slots.shape[0]
+    q = rotate(arrays["q"][0].reshape(-1, HEADS, SIZE), arrays["cos"], arrays["sin"])
+    new_v = arrays["v"][0].reshape(-1, KV_HEADS, SIZE)
+    rows = {"query": [], "key": [], "value": []}
+    for s in range(sequences):
+        mine = slice(s * tokens, (s + 1) * tokens)
+        cached = slots[s, :-tokens]
+        rows["query"].append(q[mine])
+        rows["key"].append(np.concatenate([arrays["k_cache"][cached], new_k[mine]]))
+        rows["value"].append(np.concatenate([arrays["v_cache"][cached], new_v[mine]]))
+    x = {name: torch.from_numpy(np.ascontiguousarray(np.stack(r).transpose(0, 2, 1, 3)))
+         for name, r in rows.items()}
+    length = x["key"].shape[2]
     mask = None
     if tokens > 1:  # bottom-right causal: token t sees keys [0, length - tokens + t]
-        mask = torch.from_numpy(np.arange(length)[None] <= (arrays["token_len"][:, None] - 1))
-    return dict(query=heads_first[0], key=heads_first[1], value=heads_first[2], attn_mask=mask)
+        mask = torch.from_numpy(np.arange(length)[None] <= (arrays["token_len"][:tokens, None]
+                                                            - 1))
+    return dict(query=x["query"], key=x["key"], value=x["value"], attn_mask=mask)
 
 
 def sdpa(x: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -110,9 +122,9 @@ def median_ms(call, calls: int) -> float:
 
 
 def compare(name: str, tokens: int, cached: int, threads: int, rounds: int,
-            calls: int) -> dict[str, float]:
+            calls: int, sequences: int = 1) -> dict[str, float]:
     """Times one step on both; returns and prints the medians (ms)."""
-    arrays = step(tokens, cached)
+    arrays = step(tokens, cached, sequences=sequences)
     backend = OnnxRuntimeBackend()
     with tempfile.TemporaryDirectory() as tmp:
         path = write_artifact(Path(tmp) / "paged.dz", graph(arrays), backend)
@@ -120,10 +132,10 @@ def compare(name: str, tokens: int, cached: int, threads: int, rounds: int,
         x = [arrays[n] for n in NAMES]
         out, new_k, _ = run(x)
         want = sdpa(torch_inputs(arrays, new_k)).numpy()
-        got = out[0].reshape(tokens, HEADS, SIZE).transpose(1, 0, 2)[None]
+        got = out[0].reshape(sequences, tokens, HEADS, SIZE).transpose(0, 2, 1, 3)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
         t_in = torch_inputs(arrays, new_k)
-        kv_bytes = torch.ones((cached + tokens) * KV_HEADS * SIZE * 2)
+        kv_bytes = torch.ones(sequences * (cached + tokens) * KV_HEADS * SIZE * 2)
         contenders = {"native": lambda: run(x), "sdpa": lambda: sdpa(t_in),
                       "floor": lambda: kv_bytes.sum()}
         times = {name: [] for name in contenders}
@@ -144,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk", type=int, default=512, help="prefill chunk tokens (0: none)")
     parser.add_argument("--cached", type=int, default=8192, help="keys before the chunk")
     parser.add_argument("--decode", default="8192,32768", help="cached keys of decode steps")
+    parser.add_argument("--sequences", default="1,8",
+                        help="sequences per decode step (each after the same cached keys)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=5)
@@ -154,8 +168,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.chunk:
         compare(f"prefill {args.chunk} after {args.cached}", args.chunk, args.cached,
                 args.threads, args.rounds, args.calls)
-    for cached in (int(c) for c in args.decode.split(",") if c):
-        compare(f"decode after {cached}", 1, cached, args.threads, args.rounds, args.calls * 10)
+    for sequences in (int(n) for n in args.sequences.split(",") if n):
+        for cached in (int(c) for c in args.decode.split(",") if c):
+            compare(f"decode x{sequences} after {cached}", 1, cached, args.threads,
+                    args.rounds, args.calls * 10, sequences)
     return 0
 
 

@@ -180,7 +180,10 @@ class PagedKVCache:
         for which, data in enumerate((keys, values)):
             store = self.flat(layer, which)
             if self.scales is None:
-                store[slots] = data
+                if len(slots) == 1:  # a decode step's token: a plain index, no gather machinery
+                    store[int(slots[0])] = data[0]
+                else:
+                    store[slots] = data
                 continue
             if not np.isfinite(data).all():
                 token = int(np.argwhere(~np.isfinite(data))[0][0]) + first_token
