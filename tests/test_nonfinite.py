@@ -325,4 +325,12 @@ def test_each_fused_ort_kernel_with_a_nonfinite_input(name, value, tmp_path):
         x[i].reshape(-1)[x[i].size // 3] = value
         want = [w.numpy() for w in run_graph(g, g.weight_data, [torch.from_numpy(a) for a in x])]
         assert not all(np.isfinite(w).all() for w in want)
+        if name == "gelu" and value == np.inf and _torch_gelu_of_inf_is_nan():
+            # torch's AVX-512 erf-gelu returns NaN for +inf (its AVX2 path and the math give
+            # +inf, as ORT's Gelu does): eager itself depends on the CPU at this one value
+            want[0].reshape(-1)[x[i].size // 3] = np.inf
         assert_like_eager(run(x), want)
+
+
+def _torch_gelu_of_inf_is_nan() -> bool:
+    return bool(torch.isnan(nn.functional.gelu(torch.full((64,), float("inf")))).any())
