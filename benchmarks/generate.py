@@ -394,7 +394,7 @@ def _median_time(call, calls: int = 8) -> float:
 
 
 def _ort_gemv(matrix: np.ndarray, threads: int):
-    """A call of ONNX Runtime's MatMul of one row by `matrix` transposed (the weights as
+    """A call of ONNX Runtime's Gemm of one row by `matrix` transposed (the weights as
     dayzero's and GenAI's decode steps hold them, prepacked at load), or None without ORT."""
     try:
         import onnxruntime as ort
@@ -489,8 +489,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="run dayzero artifacts an earlier run left in --workdir (not cold)")
     p.add_argument("--skip-peers", action="store_true")
     p.add_argument("--rounds", type=int, default=3,
-                   help="runs of each peer for the batch-1 table, the peers taking turns; "
-                        "medians are printed")
+                   help="runs of each peer (and of dayzero's batch 8), taking turns; "
+                        "medians and per-round ratios are printed")
     p.add_argument("--plot", default="generate-context.png")
     p.add_argument("--child", nargs=5, metavar=("PEER", "PATH", "CONTEXT", "NEW", "BATCH"))
     p.add_argument("--logits-child", nargs=4, metavar=("PEER", "PATH", "PROMPT", "OUT"))

@@ -12,9 +12,10 @@
 // Tasks says how many). The block's rows walk their
 // visible keys together, kChunk keys at a time, so each scattered key and value row is fetched
 // from memory once per block, not once per token and head. Per chunk a task prefetches the
-// next chunk's rows into L2, and per kv head: packs the chunk's keys transposed ([channel][key],
-// so that a query channel times a key panel is one broadcast and FMAs over 8 keys, no
-// horizontal sums) and its values contiguous, scores all rows against the chunk (6 rows x
+// next chunk's rows into L2; packs the chunk's keys transposed ([channel][key], so that a query
+// channel times a key panel is one broadcast and FMAs over 8 keys, no horizontal sums) and its
+// values contiguous, for as many of its kv heads at once as fit in kPackFloats, reading each
+// slot's rows of them front to back; then per kv head scores all rows against the chunk (6 rows x
 // 16-key panels in registers), then per row: the running maximum over the part of the chunk
 // the row's token sees, one rescale of its accumulator if that maximum rose, the weights
 // through a vectorised exp; and finally the weighted values, 6 rows that see the same keys x 16
@@ -360,16 +361,17 @@ DZ_PAGED_AVX2 float ScaleMaxAvx2(float* s, int64_t n, float scale, float start) 
 
 #if DZ_PAGED_X86
 // PackScalar for a head size that is a multiple of 8 (8 x 8 blocks transposed in registers),
-// for `kvs` kv heads at once, kv head g into kt + g * size * kChunk: each group of 8 key rows
-// is read from start to end (every kv head of the pass), 8 streams, not one slice per kv head.
-DZ_PAGED_AVX2 void PackWideAvx2(const Chunk& c, int64_t kvs, int64_t size, int64_t padded,
-                                float* kt) {
+// for kv heads [first, first + kvs) of the chunk's slots at once, the g-th into
+// kt + g * size * kChunk: each group of 8 key rows is read from start to end (every kv head of
+// the pass), 8 streams, not one slice per kv head.
+DZ_PAGED_AVX2 void PackWideAvx2(const Chunk& c, int64_t first, int64_t kvs, int64_t size,
+                                int64_t padded, float* kt) {
   for (int64_t i0 = 0; i0 < padded; i0 += 8) {
     for (int64_t g = 0; g < kvs; ++g) {
       for (int64_t d0 = 0; d0 < size; d0 += 8) {
         __m256 r[8];
         for (int64_t j = 0; j < 8; ++j)
-          r[j] = i0 + j < c.n ? _mm256_loadu_ps(c.keys[i0 + j] + g * size + d0)
+          r[j] = i0 + j < c.n ? _mm256_loadu_ps(c.keys[i0 + j] + (first + g) * size + d0)
                               : _mm256_setzero_ps();
         __m256 t[8], u[8];
         for (int j = 0; j < 8; j += 2) {
@@ -393,24 +395,25 @@ DZ_PAGED_AVX2 void PackWideAvx2(const Chunk& c, int64_t kvs, int64_t size, int64
 }
 #endif
 
-// The chunk's keys packed and values copied for kv heads [0, kvs) of the task (kv head g's at
-// kt + g * head_size * kChunk and vt + g * v_size * kChunk).
-void PackChunk(bool vectorized, const PagedProblem& p, Chunk& c, int64_t kvs, int64_t padded,
-               float* kt, float* vt) {
+// The chunk's keys packed and values copied for the task's kv heads [first, first + kvs) (the
+// g-th's at kt + g * head_size * kChunk and vt + g * v_size * kChunk). Leaves c.key_offset
+// set: the caller sets it per kv head.
+void PackChunk(bool vectorized, const PagedProblem& p, Chunk& c, int64_t first, int64_t kvs,
+               int64_t padded, float* kt, float* vt) {
 #if DZ_PAGED_X86
   if (vectorized && p.head_size % 8 == 0) {
-    PackWideAvx2(c, kvs, p.head_size, padded, kt);
+    PackWideAvx2(c, first, kvs, p.head_size, padded, kt);
   } else
 #endif
   {
     for (int64_t g = 0; g < kvs; ++g) {
-      c.key_offset = g * p.head_size;
+      c.key_offset = (first + g) * p.head_size;
       PackScalar(c, p.head_size, padded, kt + g * p.head_size * kChunk);
     }
   }
   for (int64_t i = 0; i < c.n; ++i) {  // contiguous: the rows, a slot's width apart, share L1 sets
     for (int64_t g = 0; g < kvs; ++g) {
-      const float* value = c.values[i] + g * p.v_size;
+      const float* value = c.values[i] + (first + g) * p.v_size;
       std::copy(value, value + p.v_size, vt + (g * kChunk + i) * p.v_size);
     }
   }
@@ -738,12 +741,7 @@ bool AttendRun(Shared& k, int64_t t0, int64_t t1, int64_t g0, int64_t kvs, int64
     if (!seen) continue;
     for (int64_t i = 0; i < kvs; ++i) {
       if (i % k.pack_heads == 0) {  // the next pack_heads kv heads' keys and values, in one pass
-        Chunk group = chunk;
-        for (int64_t j = 0; j < chunk.n; ++j) {
-          group.keys[j] += i * p.head_size;
-          group.values[j] += i * p.v_size;
-        }
-        PackChunk(k.vectorized, p, group, std::min(k.pack_heads, kvs - i),
+        PackChunk(k.vectorized, p, chunk, i, std::min(k.pack_heads, kvs - i),
                   (chunk.n + kPanel - 1) / kPanel * kPanel, views[i].rows.kt,
                   views[i].rows.vt);
       }
