@@ -7,13 +7,14 @@ but the runtime lacks its kernel (a minimal build, an old version), the lowering
 the missing op, and moves on to the next variant; the op's standard converter in `op_table` is
 the final fallback and always works.
 
-Listed: linear (FusedMatMul, no reshapes), gelu (Gelu / FastGelu), silu (QuickGelu), the residual
-norms (SkipSimplifiedLayerNormalization / SkipLayerNormalization), attention
-(MultiHeadAttention) and the whole attention block with rotary (dayzero's own CausalAttention
-where its library is built, else GroupQueryAttention, see convert_heads and native_ops), and
-int4/int8 weights (dayzero's MatMulInt4 for int4 with int8 activations where its library is
-built, see convert_int4; else MatMulNBits), mixture-of-experts blocks (MoE: routed experts only;
-QMoE for int4 experts). Not listed, and why:
+Listed: linear (dayzero's own PackedLinear on a constant float32 weight where its library is
+built, see convert_packed_linear; else FusedMatMul, no reshapes), gelu (Gelu / FastGelu), silu
+(QuickGelu), the residual norms (SkipSimplifiedLayerNormalization / SkipLayerNormalization),
+attention (MultiHeadAttention) and the whole attention block with rotary (dayzero's own
+CausalAttention where its library is built, else GroupQueryAttention, see convert_heads and
+native_ops), int4/int8 weights (dayzero's MatMulInt4 for int4 with int8 activations where its
+library is built, see convert_int4; else MatMulNBits), mixture-of-experts blocks (MoE: routed
+experts only; QMoE for int4 experts). Not listed, and why:
 - rms_norm: ORT's SimplifiedLayerNormalization kernel lives in the ONNX domain without being an
   ONNX op, so the checker rejects it; the standard form is emitted in the exact pattern ORT's
   optimizer fuses into that kernel at load time (see convert_nn.rms_norm).
@@ -36,6 +37,7 @@ from .convert_fused import add_layer_norm, add_rms_norm, matmul_nbits, skip_norm
 from .convert_int4 import int4_fits, matmul_int4
 from .convert_moe import moe, moe_fits, qmoe_fits
 from .convert_nn import linear_fused_matmul
+from .convert_packed_linear import packed_linear, packed_linear_fits
 from .convert_paged import paged_attention, paged_fits
 from .native_ops import DOMAIN as NATIVE_DOMAIN
 from .probe import KernelSet, OrtKernel
@@ -85,6 +87,8 @@ def _mha_fits(node: Node) -> str | None:
 
 VARIANTS: dict[str, tuple[Variant, ...]] = {
     "linear": (
+        Variant("ai.dayzero.PackedLinear", (OrtKernel(NATIVE_DOMAIN, "PackedLinear"),),
+                packed_linear_fits, packed_linear),
         Variant("com.microsoft.FusedMatMul", (OrtKernel(MS, "FusedMatMul"),), _batched_linear,
                 linear_fused_matmul),
     ),

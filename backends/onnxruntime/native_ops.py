@@ -10,7 +10,9 @@ prompt without past does not need. `ai.dayzero.PagedAttention` runs `paged_atten
 generation step over a paged KV cache) reading each visible key where it lives, instead of the
 decomposition's gathers of every token's keys (see convert_paged). `ai.dayzero.MatMulInt4` runs
 int4 weights with int8 activations reading fewer bytes per weight than MatMulNBits (see
-convert_int4).
+convert_int4). `ai.dayzero.PackedLinear` runs float32 linear layers on weights packed in panels
+of 32 columns, overlapping a decode step's weight stream with its arithmetic where MLAS's
+product took turns (see convert_packed_linear).
 
 The library is optional. setup.py builds it where a C++17 compiler exists; where it is absent, or
 this onnxruntime refuses it, `kernels()` is empty, the lowering's kernel probe does not offer it,
@@ -33,7 +35,7 @@ from pathlib import Path
 DOMAIN = "ai.dayzero"
 LIBRARY = "_dayzero_ort_ops"  # the extension module setup.py builds, next to this file
 KERNELS = ((DOMAIN, "CausalAttention", "float"), (DOMAIN, "PagedAttention", "float"),
-           (DOMAIN, "MatMulInt4", "float"))
+           (DOMAIN, "MatMulInt4", "float"), (DOMAIN, "PackedLinear", "float"))
 
 
 class NativeKernelWarning(UserWarning):

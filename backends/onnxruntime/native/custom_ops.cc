@@ -30,6 +30,7 @@
 namespace dayzero {
 const ort::CustomOp* PagedAttentionOp();  // paged_op.cc
 const ort::CustomOp* MatMulInt4Op();      // int4_op.cc
+const ort::CustomOp* PackedLinearOp();    // packed_linear_op.cc
 }  // namespace dayzero
 
 namespace {
@@ -194,6 +195,8 @@ extern "C" __attribute__((visibility("default"))) ort::Status* RegisterCustomOps
     if (ort::Status* status = api->CustomOpDomainAdd(domain, dayzero::PagedAttentionOp()))
       return status;
     if (ort::Status* status = api->CustomOpDomainAdd(domain, dayzero::MatMulInt4Op()))
+      return status;
+    if (ort::Status* status = api->CustomOpDomainAdd(domain, dayzero::PackedLinearOp()))
       return status;
     return api->AddCustomOpDomain(options, domain);
   } catch (...) {

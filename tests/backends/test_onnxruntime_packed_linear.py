@@ -1,0 +1,212 @@
+"""ai.dayzero.PackedLinear (native/packed_linear_op.cc), run as one-node ONNX models against a
+float64 NumPy product; its layout, NaN and Inf, error messages; that every instruction-set path
+gives the same bits and a row's result never depends on the rows beside it; and that the
+lowering picks it for float32 linear layers and matches torch."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import TensorProto, helper, numpy_helper
+from torch import nn
+
+import compiler
+import runtime
+from backends.onnxruntime import native_ops
+from backends.onnxruntime.convert_packed_linear import panel_layout
+from backends.onnxruntime.session import SessionConfig, session_options
+
+pytestmark = pytest.mark.skipif(native_ops.library() is None, reason="native library not built")
+
+
+def one_node(weight: np.ndarray, bias=None, rank: int = 2):
+    inits = [numpy_helper.from_array(panel_layout(weight), "panels")]
+    names = ["x", "panels"]
+    if bias is not None:
+        inits.append(numpy_helper.from_array(bias, "bias"))
+        names.append("bias")
+    node = helper.make_node("PackedLinear", names, ["y"], domain=native_ops.DOMAIN)
+    graph = helper.make_graph(
+        [node], "linear", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None] * rank)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
+                                                   helper.make_opsetid(native_ops.DOMAIN, 1)])
+
+
+def run(onnx_model, x, threads: int = 2) -> np.ndarray:
+    options = session_options(SessionConfig(intra_op_threads=threads, allow_spinning=False))
+    session = ort.InferenceSession(onnx_model.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})[0]
+
+
+def reference(x, weight, bias=None) -> np.ndarray:
+    with np.errstate(invalid="ignore", over="ignore"):
+        y = x.astype(np.float64) @ weight.astype(np.float64).T
+    return y if bias is None else y + bias
+
+
+CASES = [  # leading dims of x, in_features, out_features, bias
+    ((1,), 1024, 1536, False),     # a decode step's merged QKV
+    ((1, 1, 1), 128, 32, True),    # rank 4, one row, one panel
+    ((7,), 67, 96, True),          # an odd in_features; 7 rows: one short tile
+    ((2, 17), 192, 64, False),     # 34 rows: full tiles and a tail
+    ((130,), 40, 160, True),       # several row chunks per panel
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("lead, k, n, with_bias", CASES)
+def test_matches_the_product(lead, k, n, with_bias, threads):
+    rng = np.random.default_rng(k + n)
+    weight = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
+    bias = rng.standard_normal(n, dtype=np.float32) if with_bias else None
+    x = rng.standard_normal((*lead, k), dtype=np.float32)
+    got = run(one_node(weight, bias, rank=len(lead) + 1), x, threads)
+    assert got.shape == (*lead, n) and got.dtype == np.float32
+    np.testing.assert_allclose(got, reference(x, weight, bias), rtol=1e-5, atol=1e-5)
+
+
+def direct(x: np.ndarray, weight: np.ndarray, bias, isa: int) -> np.ndarray:
+    """The kernel on the calling thread through the library's test entry point."""
+    lib = ctypes.CDLL(str(native_ops.library()))
+    rows, k = x.shape
+    n = weight.shape[0]
+    panels = panel_layout(weight)
+    y = np.full((rows, n), -7.0, np.float32)
+    ptr = ctypes.c_void_p
+    status = lib.DayzeroPackedLinear(
+        ctypes.c_int64(rows), ctypes.c_int64(k), ctypes.c_int64(n), ptr(x.ctypes.data),
+        ptr(panels.ctypes.data), ptr(bias.ctypes.data) if bias is not None else None,
+        ptr(y.ctypes.data), ctypes.c_int(isa))
+    assert status == 0
+    return y
+
+
+def best_isa() -> int:
+    return ctypes.CDLL(str(native_ops.library())).DayzeroPackedLinearIsa()
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_every_path_gives_the_same_bits(with_bias):
+    """Portable, AVX2 and AVX-512 (those this CPU has) do the same fused multiply-adds in the
+    same order: bit-identical results, NaN and Inf included."""
+    rng = np.random.default_rng(5)
+    rows, k, n = 19, 301, 96
+    weight = rng.standard_normal((n, k), dtype=np.float32)
+    bias = rng.standard_normal(n, dtype=np.float32) if with_bias else None
+    x = rng.standard_normal((rows, k), dtype=np.float32)
+    x[4, 7], x[9, 0], weight[40, 3] = np.nan, np.inf, -np.inf
+    results = [direct(x, weight, bias, isa) for isa in range(best_isa() + 1)]
+    for other in results[1:]:
+        np.testing.assert_array_equal(other, results[0])
+    assert np.isnan(results[0][4]).all()
+    np.testing.assert_allclose(np.delete(results[0], [4, 9], 0),
+                               np.delete(reference(x, weight, bias), [4, 9], 0),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_a_row_does_not_depend_on_its_neighbours():
+    """The same row alone, first, in the middle of a tile, in a tile tail and past a row chunk
+    gives the same bits: batching sequences never changes an answer."""
+    rng = np.random.default_rng(9)
+    k, n = 256, 64
+    weight = rng.standard_normal((n, k), dtype=np.float32)
+    row = rng.standard_normal((1, k), dtype=np.float32)
+    alone = run(one_node(weight), row, threads=1)
+    for rows, at in [(8, 0), (8, 5), (13, 12), (100, 50), (100, 99)]:
+        x = rng.standard_normal((rows, k), dtype=np.float32)
+        x[at] = row[0]
+        np.testing.assert_array_equal(run(one_node(weight), x)[at], alone[0])
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_nan_and_inf_propagate_as_in_torch(bad):
+    rng = np.random.default_rng(3)
+    weight = rng.standard_normal((64, 48), dtype=np.float32)
+    weight[10, 5] = 0.0  # Inf * 0 is NaN in that column
+    x = rng.standard_normal((3, 48), dtype=np.float32)
+    x[1, 5] = bad
+    got = run(one_node(weight), x)
+    want = torch.nn.functional.linear(torch.from_numpy(x), torch.from_numpy(weight)).numpy()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+    np.testing.assert_array_equal(np.sign(got[np.isinf(got)]), np.sign(want[np.isinf(want)]))
+    finite = np.isfinite(want)
+    np.testing.assert_allclose(got[finite], want[finite], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("panels_shape, x_shape, message", [
+    ((2, 16, 16), (3, 16), "panels must be"),
+    ((2, 16, 32), (3, 24), "panels hold 16 in_features; x has 24"),
+])
+def test_bad_shapes_are_named(panels_shape, x_shape, message):
+    inits = [numpy_helper.from_array(np.zeros(panels_shape, np.float32), "panels")]
+    node = helper.make_node("PackedLinear", ["x", "panels"], ["y"], domain=native_ops.DOMAIN)
+    graph = helper.make_graph(
+        [node], "bad", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, None])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
+                                                    helper.make_opsetid(native_ops.DOMAIN, 1)])
+    with pytest.raises(Exception, match=f"PackedLinear: {message}"):
+        run(model, np.zeros(x_shape, np.float32))
+
+
+def test_zero_rows_give_an_empty_output():
+    weight = np.ones((32, 8), np.float32)
+    assert run(one_node(weight, rank=3), np.zeros((0, 4, 8), np.float32)).shape == (0, 4, 32)
+
+
+class Mlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.up, self.down = nn.Linear(128, 192), nn.Linear(192, 64, bias=False)
+        self.odd = nn.Linear(64, 36)  # 36 outputs: not a multiple of 32, so FusedMatMul
+
+    def forward(self, x):
+        return self.odd(self.down(torch.relu(self.up(x))))
+
+
+def test_the_lowering_uses_it_and_matches_torch(tmp_path):
+    model, x = Mlp().eval(), torch.randn(2, 5, 128)
+    path = compiler.compile(model, (x,), out=tmp_path / "m.dz", backend="onnxruntime")
+    graph = onnx.load(str(path / "backend" / "model.onnx"), load_external_data=False).graph
+    assert [n.op_type for n in graph.node if n.op_type in ("PackedLinear", "FusedMatMul")] == \
+        ["PackedLinear", "PackedLinear", "FusedMatMul"]
+    portable = onnx.load(str(path / "backend" / "model.portable.onnx"),
+                         load_external_data=False).graph
+    assert not [n for n in portable.node if n.op_type == "PackedLinear"]
+    got = runtime.load(path)(x.numpy())[0]
+    with torch.no_grad():
+        want = model(x).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_folded_initializers_are_the_kernel_layout(tmp_path):
+    """The lowering's Reshape + Transpose on the stored weights fold, at load, into exactly
+    `panel_layout` of them: no transpose is left to run per call."""
+    from safetensors.numpy import load_file
+
+    path = compiler.compile(Mlp().eval(), (torch.randn(2, 5, 128),), out=tmp_path / "m.dz",
+                            backend="onnxruntime")
+    options = session_options(SessionConfig(), external_folder=path)
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession((path / "backend" / "model.onnx").read_bytes(), options,
+                         providers=["CPUExecutionProvider"])
+    optimized = onnx.load(str(tmp_path / "optimized.onnx"), load_external_data=False)
+    assert not [n for n in optimized.graph.node if n.op_type in ("Transpose", "Reshape")]
+    folded = {t.name: numpy_helper.to_array(t) for t in optimized.graph.initializer
+              if t.data_location != onnx.TensorProto.EXTERNAL}
+    stored = {}
+    for file in (path / "weights").glob("*.safetensors"):
+        stored.update(load_file(str(file)))
+    kernels = [n for n in optimized.graph.node if n.op_type == "PackedLinear"]
+    assert len(kernels) == 2
+    for node, name in zip(kernels, ("up.weight", "down.weight")):
+        np.testing.assert_array_equal(folded[node.input[1]], panel_layout(stored[name]))
