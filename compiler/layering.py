@@ -51,8 +51,8 @@ _BACKENDS = ("reference backend", "onnxruntime backend", "triton backend")
 
 FLOORS: tuple[Floor, ...] = (
     Floor("foundation", (
-        Layer("errors", ("compiler.errors", "compiler.log"), (),
-              "DayzeroError (what, where, fix) and stage logging"),
+        Layer("errors", ("compiler.errors", "compiler.log", "compiler.heap"), (),
+              "DayzeroError (what, where, fix), stage logging, the C heap's trim"),
     )),
     Floor("IR core", (
         Layer("ir", ("compiler.ir",), ("errors",),

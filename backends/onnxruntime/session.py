@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from compiler.errors import DayzeroError
+from compiler.heap import trim_heap
 
 OPT_LEVELS = ("disable", "basic", "extended", "all")
 EXECUTION_MODES = ("sequential", "parallel")
@@ -215,8 +216,11 @@ def session_options(config: SessionConfig | ResolvedSession,
 
 def create_session(model: bytes, config: SessionConfig | ResolvedSession,
                    external_folder: Path | None = None):
-    """An inference session on the CPU execution provider for serialized ONNX `model`."""
+    """An inference session on the CPU execution provider for serialized ONNX `model`. The heap
+    is trimmed after it: the load's constant folding frees each stored weight it repacks."""
     import onnxruntime as ort
 
-    return ort.InferenceSession(model, session_options(config, external_folder),
-                                providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(model, session_options(config, external_folder),
+                                   providers=["CPUExecutionProvider"])
+    trim_heap()
+    return session

@@ -18,8 +18,6 @@ then on, and requests are read only from then on: their checks need the cache's 
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import logging
 import queue
 import threading
@@ -28,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from compiler.heap import trim_heap
 
 from ..generation.scheduler import Scheduler, Sequence, TokenEvent
 from .metrics import Metrics
@@ -190,7 +190,7 @@ class Engine:
             self._flush()
             self._gauges()
             if self.scheduler.idle:  # the load has passed: hand freed heap pages back
-                _trim_heap()
+                trim_heap()
             clock.lap("stream")
         self._flush()
 
@@ -210,7 +210,7 @@ class Engine:
         # the pool's pages are taken now, not as load first reaches them: the server's memory
         # after start-up is what it keeps under any load
         self.model.runner.commit_cache()
-        _trim_heap()
+        trim_heap()
         self.scheduler.on_step = self._count_step
         if getattr(self.model, "vision", None) is not None:
             _ = self.model.vision.model  # the vision encoder, loaded before /health says ok
@@ -350,22 +350,3 @@ class _PhaseClock:
         now = time.perf_counter()
         self.counter.labels(phase).inc(now - self.last)
         self.last = now
-
-
-def _glibc_trim():
-    """glibc's malloc_trim, or None (another C library, or none found)."""
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return None
-
-
-_MALLOC_TRIM = _glibc_trim()
-
-
-def _trim_heap() -> None:
-    """Return the C heap's free pages to the system. A step's buffers come and go from
-    several threads (the model's, this one, the event loop's), and glibc keeps what they free
-    in per-thread arenas; without a trim the process keeps the pages of its busiest moment."""
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)

@@ -210,3 +210,38 @@ def test_the_folded_initializers_are_the_kernel_layout(tmp_path):
     assert len(kernels) == 2
     for node, name in zip(kernels, ("up.weight", "down.weight")):
         np.testing.assert_array_equal(folded[node.input[1]], panel_layout(stored[name]))
+
+
+def test_a_loaded_session_holds_one_copy_of_the_weights(tmp_path):
+    """The load folds each stored weight into its panels and frees the original; the heap is
+    trimmed after the session is made, so the process keeps one copy (it kept two)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    class Wide(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList(nn.Linear(1024, 1024, bias=False) for _ in range(16))
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    path = compiler.compile(Wide().eval(), (torch.randn(1, 2, 1024),), out=tmp_path / "w.dz",
+                            backend="onnxruntime")
+    script = textwrap.dedent(f"""
+        import re, runtime
+        def anon():
+            status = open("/proc/self/status").read()
+            return int(re.search(r"RssAnon:\\s+(\\d+)", status).group(1)) * 1024
+        before = anon()
+        model = runtime.load({str(path)!r})
+        print(anon() - before)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True, cwd=str(tmp_path), env=None)
+    grown = int(out.stdout.strip().splitlines()[-1])
+    weights = 16 * 1024 * 1024 * 4  # 64 MiB
+    assert weights * 0.9 < grown < weights * 1.4, f"{grown / 2**20:.0f} MiB for 64 MiB of weights"
