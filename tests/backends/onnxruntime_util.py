@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from backends.onnxruntime import OnnxRuntimeBackend
@@ -33,3 +34,16 @@ def check_onnx(artifact: Path) -> None:
         onnx.checker.check_model(str(copy), full_check=True)
     finally:
         copy.unlink()
+
+
+def run_x(onnx_model, x: np.ndarray, threads: int = 2) -> np.ndarray:
+    """The first output of a one-input ONNX model (its input named "x") on a session made with
+    dayzero's options (the native kernels registered), not spinning."""
+    import onnxruntime as ort
+
+    from backends.onnxruntime.session import SessionConfig, session_options
+
+    options = session_options(SessionConfig(intra_op_threads=threads, allow_spinning=False))
+    session = ort.InferenceSession(onnx_model.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})[0]

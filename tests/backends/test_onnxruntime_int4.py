@@ -18,6 +18,7 @@ import runtime
 from backends.onnxruntime import native_ops
 from backends.onnxruntime.convert_int4 import tile_layout
 from backends.onnxruntime.session import SessionConfig, session_options
+from tests.backends.onnxruntime_util import run_x as run
 
 pytestmark = pytest.mark.skipif(native_ops.library() is None, reason="native library not built")
 
@@ -66,13 +67,6 @@ def one_node(codes, scales, bias=None, rank: int = 2):
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
                                                    helper.make_opsetid(native_ops.DOMAIN, 1)])
-
-
-def run(onnx_model, x, threads: int = 2) -> np.ndarray:
-    options = session_options(SessionConfig(intra_op_threads=threads, allow_spinning=False))
-    session = ort.InferenceSession(onnx_model.SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
-    return session.run(None, {"x": x})[0]
 
 
 CASES = [  # leading dims of x, in_features, out_features, bias

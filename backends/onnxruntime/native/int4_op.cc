@@ -86,10 +86,7 @@ ort::Status* ComputeOrThrow(void* kernel, ort::KernelContext* context) {
   }
   Int4Problem p;
   if (ort::Status* status = Describe(api, in, &p)) return status;
-  int64_t dims[4];
-  for (size_t i = 0; i < in[0].rank; ++i) dims[i] = in[0].dims[i];
-  dims[in[0].rank - 1] = p.n;
-  if (ort::Status* status = FloatOutput(api, context, 0, dims, in[0].rank, &p.y)) return status;
+  if (ort::Status* status = ProductOutput(api, context, in[0], p.n, &p.y)) return status;
   return RunOnThreads(api, kOp, context, p, [](const Int4Problem& problem, ParallelFor parallel,
                                                 void* runner) {
     return Int4MatMul(problem, parallel, runner);
@@ -128,8 +125,6 @@ extern "C" __attribute__((visibility("default"))) int DayzeroInt4MatMul(
   p.scales = scales;
   p.bias = bias;
   p.y = y;
-  auto serial = [](void*, dayzero::TaskFn fn, void* data, size_t total) {
-    for (size_t i = 0; i < total; ++i) fn(data, i);
-  };
-  return dayzero::Int4MatMul(p, serial, nullptr, vectorized != 0) == nullptr ? 0 : 1;
+  return dayzero::Int4MatMul(p, dayzero::RunSerially, nullptr, vectorized != 0) == nullptr ? 0
+                                                                                        : 1;
 }

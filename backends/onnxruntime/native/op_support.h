@@ -111,6 +111,20 @@ ort::Status* FloatOutput(const ort::Api* api, ort::KernelContext* context, size_
   return FloatOutput(api, context, index, dims, Rank, out);
 }
 
+// Allocates output 0 shaped like `x` with its last dimension `n`: a product's output.
+inline ort::Status* ProductOutput(const ort::Api* api, ort::KernelContext* context,
+                                  const InputTensor& x, int64_t n, float** out) {
+  int64_t dims[4];
+  for (size_t i = 0; i < x.rank; ++i) dims[i] = x.dims[i];
+  dims[x.rank - 1] = n;
+  return FloatOutput(api, context, 0, dims, x.rank, out);
+}
+
+// A ParallelFor that runs every task on the calling thread (the test entry points use it).
+inline void RunSerially(void*, TaskFn fn, void* data, size_t total) {
+  for (size_t i = 0; i < total; ++i) fn(data, i);
+}
+
 // A kernel's ParallelFor over ONNX Runtime's intra-op threads; the first failing call's status
 // is kept and later calls do nothing.
 struct ThreadPool {

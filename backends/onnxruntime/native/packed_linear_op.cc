@@ -76,10 +76,7 @@ ort::Status* ComputeOrThrow(void* kernel, ort::KernelContext* context) {
   }
   LinearProblem p;
   if (ort::Status* status = Describe(api, in, &p)) return status;
-  int64_t dims[4];
-  for (size_t i = 0; i < in[0].rank; ++i) dims[i] = in[0].dims[i];
-  dims[in[0].rank - 1] = p.n;
-  if (ort::Status* status = FloatOutput(api, context, 0, dims, in[0].rank, &p.y)) return status;
+  if (ort::Status* status = ProductOutput(api, context, in[0], p.n, &p.y)) return status;
   return RunOnThreads(api, kOp, context, p, [](const LinearProblem& problem,
                                                 ParallelFor parallel, void* runner) {
     return PackedLinear(problem, parallel, runner);
@@ -117,11 +114,8 @@ extern "C" __attribute__((visibility("default"))) int DayzeroPackedLinear(
   p.panels = panels;
   p.bias = bias;
   p.y = y;
-  auto serial = [](void*, dayzero::TaskFn fn, void* data, size_t total) {
-    for (size_t i = 0; i < total; ++i) fn(data, i);
-  };
   const auto limit = static_cast<dayzero::LinearIsa>(isa < 0 ? 0 : isa > 2 ? 2 : isa);
-  return dayzero::PackedLinear(p, serial, nullptr, limit) == nullptr ? 0 : 1;
+  return dayzero::PackedLinear(p, dayzero::RunSerially, nullptr, limit) == nullptr ? 0 : 1;
 }
 
 // The best instruction set the kernel runs on this CPU (0 portable, 1 AVX2, 2 AVX-512).
