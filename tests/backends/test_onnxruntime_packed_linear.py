@@ -86,22 +86,27 @@ def best_isa() -> int:
     return ctypes.CDLL(str(native_ops.library())).DayzeroPackedLinearIsa()
 
 
+@pytest.mark.parametrize("rows", [1, 2, 19])  # AVX2 takes 1 or 2 rows over a whole panel
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_every_path_gives_the_same_bits(with_bias):
+def test_every_path_gives_the_same_bits(with_bias, rows):
     """Portable, AVX2 and AVX-512 (those this CPU has) do the same fused multiply-adds in the
     same order: bit-identical results, NaN and Inf included."""
     rng = np.random.default_rng(5)
-    rows, k, n = 19, 301, 96
+    k, n = 301, 96
     weight = rng.standard_normal((n, k), dtype=np.float32)
     bias = rng.standard_normal(n, dtype=np.float32) if with_bias else None
     x = rng.standard_normal((rows, k), dtype=np.float32)
-    x[4, 7], x[9, 0], weight[40, 3] = np.nan, np.inf, -np.inf
+    weight[40, 3] = -np.inf
+    bad = [4, 9] if rows > 9 else []  # a NaN row and an Inf row where there are rows to spare
+    if bad:
+        x[4, 7], x[9, 0] = np.nan, np.inf
     results = [direct(x, weight, bias, isa) for isa in range(best_isa() + 1)]
     for other in results[1:]:
         np.testing.assert_array_equal(other, results[0])
-    assert np.isnan(results[0][4]).all()
-    np.testing.assert_allclose(np.delete(results[0], [4, 9], 0),
-                               np.delete(reference(x, weight, bias), [4, 9], 0),
+    if bad:
+        assert np.isnan(results[0][4]).all()
+    np.testing.assert_allclose(np.delete(results[0], bad, 0),
+                               np.delete(reference(x, weight, bias), bad, 0),
                                rtol=1e-4, atol=1e-4)
 
 

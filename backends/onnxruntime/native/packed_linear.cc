@@ -51,20 +51,24 @@ template <int R>
 DZ_AVX512 inline void TileAvx512(const LinearProblem& p, const float* panel, int64_t column,
                                  int64_t r, bool prefetch) {
   const float* x = p.x + r * p.k;
+  const int64_t k = p.k;
   __m512 low[R], high[R];
+#pragma GCC unroll 8
   for (int j = 0; j < R; ++j) low[j] = high[j] = _mm512_setzero_ps();
-  for (int64_t i = 0; i < p.k; ++i) {
+  for (int64_t i = 0; i < k; ++i) {
     const float* w = panel + i * kPanelColumns;
     // one line in two: the L2 prefetcher brings each line's pair with it
     if (prefetch && (i & 1) == 0)
       _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchFloats), _MM_HINT_T1);
     const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16);
+#pragma GCC unroll 8
     for (int j = 0; j < R; ++j) {
-      const __m512 v = _mm512_set1_ps(x[j * p.k + i]);
+      const __m512 v = _mm512_set1_ps(x[j * k + i]);
       low[j] = _mm512_fmadd_ps(v, w0, low[j]);
       high[j] = _mm512_fmadd_ps(v, w1, high[j]);
     }
   }
+#pragma GCC unroll 8
   for (int j = 0; j < R; ++j) {
     float* y = p.y + (r + j) * p.n + column;
     if (p.bias) {
@@ -76,32 +80,42 @@ DZ_AVX512 inline void TileAvx512(const LinearProblem& p, const float* panel, int
   }
 }
 
-// R rows times half a panel (16 columns from `half`), in 2 x R ymm sums.
-template <int R>
+// R rows times V x 8 columns of a panel from `half` (V = 2: half a panel; V = 4: all of it, for
+// one or two rows, so that a decode streams each panel once), in R x V ymm sums.
+template <int R, int V>
 DZ_AVX2 inline void TileAvx2(const LinearProblem& p, const float* panel, int64_t column,
                              int64_t half, int64_t r, bool prefetch) {
   const float* x = p.x + r * p.k;
-  __m256 low[R], high[R];
-  for (int j = 0; j < R; ++j) low[j] = high[j] = _mm256_setzero_ps();
-  for (int64_t i = 0; i < p.k; ++i) {
+  const int64_t k = p.k;
+  __m256 acc[R][V];
+#pragma GCC unroll 8
+  for (int j = 0; j < R; ++j) {
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) acc[j][v] = _mm256_setzero_ps();
+  }
+  for (int64_t i = 0; i < k; ++i) {
     const float* w = panel + i * kPanelColumns + half;
     if (prefetch && (i & 1) == 0)
       _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchFloats), _MM_HINT_T1);
-    const __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);
+    __m256 wv[V];
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) wv[v] = _mm256_loadu_ps(w + 8 * v);
+#pragma GCC unroll 8
     for (int j = 0; j < R; ++j) {
-      const __m256 v = _mm256_broadcast_ss(x + j * p.k + i);
-      low[j] = _mm256_fmadd_ps(v, w0, low[j]);
-      high[j] = _mm256_fmadd_ps(v, w1, high[j]);
+      const __m256 xv = _mm256_broadcast_ss(x + j * k + i);
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) acc[j][v] = _mm256_fmadd_ps(xv, wv[v], acc[j][v]);
     }
   }
+#pragma GCC unroll 8
   for (int j = 0; j < R; ++j) {
     float* y = p.y + (r + j) * p.n + column + half;
-    if (p.bias) {
-      low[j] = _mm256_add_ps(low[j], _mm256_loadu_ps(p.bias + column + half));
-      high[j] = _mm256_add_ps(high[j], _mm256_loadu_ps(p.bias + column + half + 8));
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) {
+      __m256 out = acc[j][v];
+      if (p.bias) out = _mm256_add_ps(out, _mm256_loadu_ps(p.bias + column + half + 8 * v));
+      _mm256_storeu_ps(y + 8 * v, out);
     }
-    _mm256_storeu_ps(y, low[j]);
-    _mm256_storeu_ps(y + 8, high[j]);
   }
 }
 
@@ -123,19 +137,22 @@ DZ_AVX512 void PanelAvx512(const LinearProblem& p, const float* panel, int64_t c
   }
 }
 
-// Rows [r0, r1) of a panel, 6 at a time, one half of the panel after the other.
+// Rows [r0, r1) of a panel: one or two rows over the whole panel at once; more, 6 at a time,
+// one half of the panel after the other (16 ymm registers hold 6 rows x 16 columns' sums).
 DZ_AVX2 void PanelAvx2(const LinearProblem& p, const float* panel, int64_t column, int64_t r0,
                        int64_t r1) {
+  if (r1 - r0 == 1) return TileAvx2<1, 4>(p, panel, column, 0, r0, true);
+  if (r1 - r0 == 2) return TileAvx2<2, 4>(p, panel, column, 0, r0, true);
   for (int64_t half = 0; half < kPanelColumns; half += 16) {
     for (int64_t r = r0; r < r1; r += 6) {
       const bool first = half == 0 && r == r0;
       switch (std::min<int64_t>(6, r1 - r)) {
-        case 6: TileAvx2<6>(p, panel, column, half, r, first); break;
-        case 5: TileAvx2<5>(p, panel, column, half, r, first); break;
-        case 4: TileAvx2<4>(p, panel, column, half, r, first); break;
-        case 3: TileAvx2<3>(p, panel, column, half, r, first); break;
-        case 2: TileAvx2<2>(p, panel, column, half, r, first); break;
-        default: TileAvx2<1>(p, panel, column, half, r, first); break;
+        case 6: TileAvx2<6, 2>(p, panel, column, half, r, first); break;
+        case 5: TileAvx2<5, 2>(p, panel, column, half, r, first); break;
+        case 4: TileAvx2<4, 2>(p, panel, column, half, r, first); break;
+        case 3: TileAvx2<3, 2>(p, panel, column, half, r, first); break;
+        case 2: TileAvx2<2, 2>(p, panel, column, half, r, first); break;
+        default: TileAvx2<1, 2>(p, panel, column, half, r, first); break;
       }
     }
   }
