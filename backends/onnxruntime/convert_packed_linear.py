@@ -6,7 +6,9 @@ prompt chunk's tile of 8 rows reads 32 columns' weights with two loads. The arti
 torch's layout (the portable model and every other backend read it); the lowering reorders it
 with a Reshape and a Transpose on the initializer, which ONNX Runtime's constant folding turns
 into a new initializer when the session loads (as MatMulInt4's tiles, see convert_int4), so the
-reorder costs load time only and the original tensor is dropped once nothing reads it.
+reorder costs load time only and the original tensor is dropped once nothing reads it (the
+session's creation ends with a heap trim, so its pages go back; while ORT folds, the load peaks
+at about twice the float32 linear weights: docs/backends.md).
 
 Every row of x goes through the same fused multiply-adds in the same order whatever else is in
 the call, so a sequence's answer does not depend on what it is batched with.

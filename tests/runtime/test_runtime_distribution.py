@@ -122,9 +122,10 @@ def test_the_distribution_ships_the_closure_and_nothing_of_the_compile_side():
         assert not any(module == c or module.startswith(c + ".") for c in COMPILE_SIDE), module
     closure_packages = {m if _file(m).name == "__init__.py" else m.rpartition(".")[0]
                         for m in closure}
-    assert packages == closure_packages - {"compiler"}  # of compiler: __init__ and errors only
+    # of compiler: __init__, errors and heap (leaf modules), and the IR
+    assert packages == closure_packages - {"compiler"}
     assert {m for m in closure if m.startswith("compiler.") and m.count(".") == 1} == \
-        {"compiler.errors", "compiler.ir"}
+        {"compiler.errors", "compiler.heap", "compiler.ir"}
 
 
 def test_setuptools_copies_exactly_the_declared_files(tmp_path):

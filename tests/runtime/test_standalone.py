@@ -6,7 +6,7 @@ compiler's frontend, driver, checkpoint reader, commands, tools and CLI, the ref
 backends, and also sympy, lark and onnx (the IR parser's and the lowering's libraries), then loads
 and runs an artifact compiled here. What it imported is printed and checked: of `compiler`, only
 the vocabulary the artifact shares with it (the error classes, the dtype table and the limits on
-untrusted text).
+untrusted text) and the heap trim that ends a session's load.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ BLOCKED = ("torch", "transformers", "passes", "compiler.frontend", "compiler.dri
            "backends.reference", "backends.triton", "sympy", "lark", "onnx")
 
 # what the runtime may use of the compiler: leaf modules without imports of their own
-SHARED_VOCABULARY = {"compiler", "compiler.errors", "compiler.ir", "compiler.ir.dtypes",
-                     "compiler.ir.limits"}
+SHARED_VOCABULARY = {"compiler", "compiler.errors", "compiler.heap", "compiler.ir",
+                     "compiler.ir.dtypes", "compiler.ir.limits"}
 
 FIRST_PARTY = ("compiler", "runtime", "backends", "passes", "dayzero")
 
