@@ -201,14 +201,14 @@ const char* PackedLinear(const LinearProblem& p, ParallelFor parallel, void* run
                          LinearIsa limit) {
   if (const char* why = PackedLinearCheck(p)) return why;
   if (p.rows == 0) return nullptr;
-  const Shared shared{&p, (p.rows + kRowChunk - 1) / kRowChunk,
-                      std::min(limit, PackedLinearIsa())};
+  Shared shared{&p, (p.rows + kRowChunk - 1) / kRowChunk,
+                std::min(limit, PackedLinearIsa())};
   const int64_t panels = p.n / kPanelColumns;
   const auto tasks = static_cast<size_t>(panels * shared.chunks);
   if (tasks == 1) {
-    RunTask(const_cast<Shared*>(&shared), 0);
+    RunTask(&shared, 0);
   } else {
-    parallel(runner, RunTask, const_cast<Shared*>(&shared), tasks);
+    parallel(runner, RunTask, &shared, tasks);
   }
   return nullptr;
 }
