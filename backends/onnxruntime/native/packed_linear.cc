@@ -1,7 +1,8 @@
 // The kernel of packed_linear.h: tasks of one panel and up to kRowChunk rows; in a task, tiles
-// of rows (8 with AVX-512, 6 with AVX2) each walk the whole panel, keeping their 32 (or 16)
-// columns' sums in registers from the first input index to the last. The panel stays in L2
-// while the tiles go by; the first tile pulls it from memory, 16 KB ahead of its loads.
+// of rows (8 with AVX-512; with AVX2, 1 or 2 rows over all 32 columns, or 6 over 16) each walk
+// the whole panel, keeping their columns' sums in registers from the first input index to the
+// last. The panel stays in L2 while the tiles go by; the first tile pulls it from memory, 16 KB
+// ahead of its loads.
 #include "packed_linear.h"
 
 #include <algorithm>
