@@ -110,13 +110,32 @@ class CompileConfig:
         checked = _backend_options(overrides, source)
         return replace(self, backend_options=merge_options(self.backend_options, checked))
 
+    def with_settings(self, settings: Mapping[str, Any], source: str) -> CompileConfig:
+        """This config with `settings` ({"section.key": value}) replacing those keys, each
+        checked as the file's keys are; `source` (e.g. the command-line flag) names where a
+        value came from when it is impossible."""
+        sections = {name: dict(self.section(name)) for name in SCHEMA}
+        for dotted, value in settings.items():
+            section, _, key = dotted.partition(".")
+            if section not in SCHEMA:
+                raise DayzeroError(f"unknown config key '{dotted}'", source,
+                                   f"valid sections are {sorted(SCHEMA)}")
+            sections[section][key] = _checked(section, key, value, source)
+        if not settings:
+            return self
+        where = source if self.source == "<defaults>" else f"{self.source} with {source}"
+        return replace(self, **sections, source=where)
+
     def options_for(self, backend: str) -> dict[str, Any]:
         """The options for backend `backend` (a copy: the caller may add to it)."""
         return copy.deepcopy(self.backend_options.get(backend, {}))
 
 
-def load_config(config: Mapping[str, Any] | str | Path | None) -> CompileConfig:
-    """Validate a config dict or YAML file; defaults fill what it leaves out."""
+def load_config(config: CompileConfig | Mapping[str, Any] | str | Path | None) -> CompileConfig:
+    """Validate a config dict or YAML file; defaults fill what it leaves out. A CompileConfig
+    (already checked, e.g. a file with command-line settings over it) is returned as it is."""
+    if isinstance(config, CompileConfig):
+        return config
     if config is None:
         return _complete({}, "<defaults>")
     if isinstance(config, (str, Path)):
@@ -148,16 +167,7 @@ def _complete(data: Any, source: str) -> CompileConfig:
         given = data.get(name) or {}
         if not isinstance(given, Mapping):
             raise DayzeroError(f"config key '{name}' must be a mapping", source)
-        values = {}
-        for key, value in given.items():
-            if key not in keys:
-                raise DayzeroError(f"unknown config key '{name}.{key}'", source,
-                                   f"valid keys in '{name}' are {sorted(keys)}")
-            check = keys[key][0]
-            if not check(value):
-                raise DayzeroError(f"config key '{name}.{key}' has impossible value {value!r}",
-                                   source, f"use {check.__doc__}")
-            values[key] = value
+        values = {key: _checked(name, key, value, source) for key, value in given.items()}
         sections[name] = {k: values.get(k, default) for k, (_, default) in keys.items()}
     passes = data.get("passes")
     if passes is not None and not _pass_list(passes):
@@ -166,6 +176,34 @@ def _complete(data: Any, source: str) -> CompileConfig:
     return CompileConfig(sections["parallel"], sections["precision"], sections["quantize"],
                          passes, source, _backend_options(data.get("backend_options"), source),
                          sections["generation"])
+
+
+def _checked(section: str, key: str, value: Any, source: str) -> Any:
+    """`value` for config key `section.key`, or a DayzeroError naming the key and `source`."""
+    keys = SCHEMA[section]
+    if key not in keys:
+        raise DayzeroError(f"unknown config key '{section}.{key}'", source,
+                           f"valid keys in '{section}' are {sorted(keys)}")
+    check = keys[key][0]
+    if not check(value):
+        raise DayzeroError(f"config key '{section}.{key}' has impossible value {value!r}",
+                           source, f"use {check.__doc__}")
+    return value
+
+
+def parse_setting(key: str, text: str) -> Any:
+    """The value of config key `key` ("section.key") written on the command line: YAML, as in
+    the config file (`16`, `512MiB`, `bf16`). Raises ValueError with one message when it is not
+    a value the key takes (a command-line usage error)."""
+    section, _, name = key.partition(".")
+    check = SCHEMA[section][name][0]
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        value = None
+    if value is None or not check(value):
+        raise ValueError(f"'{text}' is not {check.__doc__}")
+    return value
 
 
 def _backend_options(data: Any, source: str) -> dict[str, dict[str, Any]]:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.generation.spec import GenerationSpec, LayerCache, parse_bytes
+from runtime.generation.tokenizer import tokenizer_file_limit
 
 from .config import CompileConfig
 from .errors import DayzeroError
@@ -152,7 +153,6 @@ def eos_token_ids(model: Any) -> list[int]:
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "chat_template.jinja", "chat_template.json", "generation_config.json")
 TOKENIZER_DIR = "tokenizer"
-_MAX_TOKENIZER_FILE = 256 << 20
 
 
 def tokenizer_files(folder: str | Path | None) -> dict[str, bytes]:
@@ -165,8 +165,62 @@ def tokenizer_files(folder: str | Path | None) -> dict[str, bytes]:
         path = Path(folder) / name
         if not path.is_file():
             continue
-        if path.stat().st_size > _MAX_TOKENIZER_FILE:
-            raise DayzeroError(f"{name} is larger than {_MAX_TOKENIZER_FILE >> 20} MiB",
-                               str(path), "check the tokenizer files of the checkpoint")
+        limit = tokenizer_file_limit(name)
+        if path.stat().st_size > limit:  # the runtime would refuse the artifact
+            raise DayzeroError(f"{name} is larger than the {limit >> 20} MiB a generation "
+                               "artifact's tokenizer file may have", str(path),
+                               "check the tokenizer files of the checkpoint")
         found[f"{TOKENIZER_DIR}/{name}"] = path.read_bytes()
     return found
+
+
+def tokenizer_vocabulary_warning(folder: str | Path, model: Any) -> str | None:
+    """What to warn of when the tokenizer in `folder` has fewer ids than `model` has logits:
+    an id past the tokenizer that the model generates decodes to no text (a streamed chunk is
+    empty). Many checkpoints pad the vocabulary to a round size, so it is a warning; None when
+    the sizes agree or either is unknown (no tokenizer.json, no vocabulary the model names)."""
+    vocab = model_vocabulary(model)
+    path = Path(folder) / TOKENIZER_FILES[0]
+    if vocab is None or not path.is_file():
+        return None
+    tokens = tokenizer_size(path)
+    if tokens is None:
+        return (f"{path} does not parse as a tokenizer: the artifact's text cannot be checked "
+                f"against the model's vocabulary of {vocab}")
+    if tokens >= vocab:
+        return None
+    return (f"the tokenizer ({path}) has {tokens} tokens but the model's vocabulary has {vocab}: "
+            f"generated ids {tokens} to {vocab - 1} decode to no text (pad the tokenizer's "
+            "vocabulary, or check that the folder's tokenizer belongs to this model)")
+
+
+def model_vocabulary(model: Any) -> int | None:
+    """The number of logits a transformers causal LM (or a wrapper holding one) produces: its
+    output embedding's rows, else its config's vocab_size."""
+    head = getattr(model, "get_output_embeddings", None)
+    head = head() if callable(head) else None
+    rows = getattr(head, "out_features", None)
+    if isinstance(rows, int):
+        return rows
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    vocab = getattr(text, "vocab_size", None)
+    return vocab if isinstance(vocab, int) and vocab > 0 else None
+
+
+def tokenizer_size(path: Path) -> int | None:
+    """How many ids a Hugging Face tokenizer.json spells: one past the largest id of its model's
+    vocabulary and its added tokens (None when the file is not such a tokenizer)."""
+    import json
+
+    if path.stat().st_size > tokenizer_file_limit(path.name):
+        return None
+    try:
+        data = json.loads(path.read_bytes())
+        vocab = data["model"]["vocab"]
+        ids = list(vocab.values()) if isinstance(vocab, dict) else [len(vocab) - 1]
+        ids += [token["id"] for token in data.get("added_tokens") or []]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    ids = [i for i in ids if isinstance(i, int) and not isinstance(i, bool)]
+    return max(ids) + 1 if ids else None

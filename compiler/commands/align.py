@@ -102,6 +102,7 @@ def _target(args, log: StageLog):
     from ..spec import load_spec
     from ..tools.align_target import target_from_artifact, target_from_spec
 
+    _check_target_exists(args.target)
     if _is_artifact(args.target):
         for flag in ("config", "passes", "artifact", "backend", "fallback", "backend_options"):
             if getattr(args, flag):
@@ -126,6 +127,19 @@ def _target(args, log: StageLog):
     return target_from_spec(spec, backend=args.backend or "onnxruntime", config=args.config,
                             passes=args.passes, artifact=args.artifact, log=log,
                             fallback=args.fallback, backend_options=backend_options)
+
+
+def _check_target_exists(target: str) -> None:
+    """An ARTIFACT or SPEC that names nothing on disk says so, whatever its form: `align
+    nosuch.dz` is a missing artifact to the user, not a malformed SPEC."""
+    if Path(target).exists():
+        return  # an artifact, a checkpoint folder, or a file load_spec says more of
+    path, colon, _ = target.rpartition(":")
+    if colon and Path(path).is_file():
+        return  # file.py:function; load_spec says what is wrong with it, if anything
+    raise DayzeroError(f"no artifact or SPEC exists at {path if colon else target}", target,
+                       "give an artifact directory (dayzero compile ... -o NAME.dz writes one), "
+                       "a checkpoint folder, or path/to/file.py:function of a file that exists")
 
 
 def _flag(dest: str) -> str:

@@ -7,7 +7,15 @@ import os
 import sys
 from pathlib import Path
 
-from ..config import OptionAssignment, load_config, options_from_assignments, parse_assignment
+from ..config import (
+    SCHEMA,
+    CompileConfig,
+    OptionAssignment,
+    load_config,
+    options_from_assignments,
+    parse_assignment,
+    parse_setting,
+)
 from ..errors import DayzeroError
 from ..log import StageLog
 
@@ -20,6 +28,30 @@ BACKEND_OPTION_HELP = (
     "exclude_kernels=[com.microsoft.Gelu]; e.g. --backend-option session.intra_op_threads=2, "
     "or with --backend triton --fallback onnxruntime: "
     "--backend-option onnxruntime:session.allow_spinning=false")
+
+
+# flags that set one config key each, over the --config file: (flag, config key, argparse
+# keywords, help); the value is written as in the file (YAML) and checked by the same schema
+SETTING_FLAGS: tuple[tuple[str, str, dict, str], ...] = (
+    ("--weight-dtype", "precision.weight_dtype", {"metavar": "{fp32,bf16,fp16}"},
+     "store the weights in this dtype"),
+    ("--quantize", "quantize.weights", {"metavar": "{int4,int8}"},
+     "quantize the linear layers' weights in groups of the config's quantize.group_size "
+     "(ONNX Runtime's MatMulNBits)"),
+    ("--kv-cache-memory", "generation.kv_cache_memory", {"metavar": "SIZE"},
+     "generation artifact: the paged KV cache's memory, e.g. 512MiB (dayzero generate and "
+     "serve can override it when they load)"),
+    ("--max-batch-tokens", "generation.max_batch_tokens", {"metavar": "N"},
+     "generation artifact: the most tokens one step runs (prompt chunks and decodes together)"),
+    ("--prefill-chunk", "generation.prefill_chunk", {"metavar": "N"},
+     "generation artifact: the most prompt tokens of one sequence a step takes"),
+    ("--block-size", "generation.block_size", {"metavar": "N"},
+     "generation artifact: tokens per block of the paged KV cache"),
+)
+
+
+def _setting_dest(key: str) -> str:
+    return "setting_" + key.replace(".", "_")
 
 
 class _HelpWithPasses(argparse.Action):
@@ -63,12 +95,18 @@ def add_parser(sub) -> None:
                    help="show this help, the passes and the default pipelines, and exit")
     p.add_argument("spec", metavar="SPEC",
                    help="path/to/file.py:function, or a Hugging Face checkpoint folder")
-    p.add_argument("-o", "--out", required=True, metavar="OUT.dz")
-    p.add_argument("--backend", default="onnxruntime")
+    p.add_argument("-o", "--out", required=True, metavar="OUT.dz",
+                   help="the artifact directory to write (refused if it exists, unless --force)")
+    p.add_argument("--backend", default="onnxruntime", metavar="NAME",
+                   help="the backend to lower to (default onnxruntime; `dayzero backends` lists "
+                        "them with the ops each runs)")
     p.add_argument("--fallback", metavar="NAME",
                    help="backend for the nodes --backend does not support (e.g. --backend triton "
                         "--fallback onnxruntime)")
-    p.add_argument("--config", metavar="FILE.yaml")
+    p.add_argument("--config", metavar="FILE.yaml",
+                   help="compile config: parallel:, precision:, quantize:, generation:, passes: "
+                        "and backend_options: (docs/architecture.md); the flags below override "
+                        "its keys")
     p.add_argument("--backend-option", action="append", default=[], type=backend_option,
                    dest="backend_options", metavar="[BACKEND:]KEY=VALUE",
                    help=BACKEND_OPTION_HELP)
@@ -79,8 +117,14 @@ def add_parser(sub) -> None:
                    help="no stage lines or progress bars (errors are still printed)")
     p.add_argument("--html", metavar="FILE",
                    help="with --report: also write the fusion report as one HTML page")
-    p.add_argument("--report", action="store_true",
-                   help="print op counts before and after fusion and the patterns that fired")
+    p.add_argument("--report", dest="report", action="store_const", const="near",
+                   help="print op counts before and after fusion, the patterns that fired and "
+                        "why the patterns that matched partly did not; --report=all also lists "
+                        "the patterns that stopped at their first node")
+    # `--report=all` is an option string of its own (argparse looks the whole word up first):
+    # an optional value (nargs="?") would take a SPEC written after --report as its value
+    p.add_argument("--report=all", dest="report", action="store_const", const="all",
+                   help=argparse.SUPPRESS)
     p.add_argument("--seq-len", metavar="MIN:MAX",
                    help="checkpoint SPEC: range of the dynamic sequence length of input_ids "
                         "(default 2:min(max_position_embeddings, 4096)); N for a static N")
@@ -92,19 +136,22 @@ def add_parser(sub) -> None:
                    help="text-generation: a KV-cached generation artifact (dayzero generate); "
                         "default: text-generation for a checkpoint folder of a *ForCausalLM "
                         "architecture, forward otherwise")
+    settings = p.add_argument_group("config settings (each overrides the same key of --config)")
+    for flag, key, kind, what in SETTING_FLAGS:
+        section, _, name = key.partition(".")
+        default = SCHEMA[section][name][1]
+        settings.add_argument(flag, dest=_setting_dest(key), default=None,
+                              type=_setting_type(key), **kind,
+                              help=f"{what} (config key {key}; default {default})")
     p.set_defaults(handler=compile_command)
 
 
 def compile_command(args) -> int:
-    from compiler.writer import check_destination
-
     from ..driver import compile
     from ..spec import load_spec
 
-    check_destination(args.out, args.force)  # before running the user's code and export
     log = StageLog(None if args.quiet else sys.stderr)
-    backend_options = options_from_assignments(args.backend_options, args.backend)
-    load_config(None).with_backend_options(backend_options, "--backend-option")  # names, early
+    cfg, backend_options, report = _check_before_loading(args)
     seq_range = _seq_range(args.seq_len)
     with log.stage("load", args.spec):
         spec = load_spec(args.spec, seq_range=seq_range)
@@ -115,13 +162,56 @@ def compile_command(args) -> int:
                                "set the sequence range in the SPEC function's dynamic_shapes")
     task = args.task or default_task(spec.checkpoint)
     log.line(f"  task {task}")
+    if task == "text-generation":
+        _check_generation(spec, log)
     compile(spec.module, spec.example_inputs, out=args.out, backend=args.backend,
-            dynamic_shapes=spec.dynamic_shapes, config=args.config, passes=args.passes,
+            dynamic_shapes=spec.dynamic_shapes, config=cfg, passes=args.passes,
             dump_ir=args.dump_ir, force=args.force, log=log, checkpoint=spec.checkpoint,
-            fallback=args.fallback, report=_reporter(args),
+            fallback=args.fallback, report=report,
             backend_options=backend_options, task=task, static_sizes=args.static_sizes)
     print(args.out)
     return 0
+
+
+def _check_before_loading(args) -> tuple[CompileConfig, dict, object]:
+    """Everything the command line and the config decide, checked before the SPEC runs: loading
+    a model takes seconds to minutes, and a typo must not cost them. The output location, the
+    backends, the config with the flags over it, the pass pipeline, --report."""
+    import backends
+    from compiler.writer import check_destination
+    from passes import parse_pipeline
+
+    from ..driver import _refuse_unimplemented
+
+    check_destination(args.out, args.force)
+    for name in (args.backend, *([args.fallback] if args.fallback else [])):
+        backends.get(name)
+    backend_options = options_from_assignments(args.backend_options, args.backend)
+    cfg = load_config(args.config).with_backend_options(backend_options, "--backend-option")
+    for flag, key, _, _ in SETTING_FLAGS:
+        value = getattr(args, _setting_dest(key))
+        if value is not None:
+            cfg = cfg.with_settings({key: value}, flag)
+    _refuse_unimplemented(cfg)
+    pipeline = args.passes or (",".join(cfg.passes) if cfg.passes else None)
+    if pipeline:
+        parse_pipeline(pipeline)
+    if args.task == "text-generation":
+        from ..generation import check_parallel
+
+        check_parallel(cfg.parallel)
+    return cfg, backend_options, _reporter(args)
+
+
+def _check_generation(spec, log: StageLog) -> None:
+    """A checkpoint's tokenizer that cannot spell every id the model may generate, said before
+    the minutes of export (the driver checks the rest of what generation needs)."""
+    from ..generation import tokenizer_vocabulary_warning
+
+    if spec.checkpoint is not None:
+        warning = tokenizer_vocabulary_warning(spec.checkpoint.layout.root, spec.module)
+        if warning:
+            log.line(f"  warning: {warning}")
 
 
 def _sizes(text: str) -> list[int]:
@@ -162,6 +252,17 @@ def _seq_range(text: str | None) -> tuple[int, int] | None:
     return parse_seq_range(text)
 
 
+def _setting_type(key: str):
+    """argparse type of a config-setting flag: a bad value is a usage error (exit 2)."""
+    def parse(text: str):
+        try:
+            return parse_setting(key, text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    parse.__name__ = key  # argparse names the type in some messages
+    return parse
+
+
 def backend_option(text: str) -> OptionAssignment:
     """argparse type: a bad `--backend-option` is a usage error (exit 2) with one message."""
     try:
@@ -183,6 +284,8 @@ def _reporter(args):
                            "writable", args.html, "give --html a file in a folder you can write")
 
     def report(fusion) -> None:
+        if args.report != "all":  # the near misses only: most patterns cannot apply at all
+            fusion = fusion.near_misses()
         print(fusion)
         if args.html:
             from ..tools import fusion_html

@@ -31,11 +31,7 @@ def inspect_command(args) -> int:
 
     path = Path(args.path)
     if path.is_file():
-        try:
-            text = path.read_text()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise DayzeroError(f"cannot read {path}: {exc}", str(path)) from None
-        graph = parse_ir(text, source=str(path))
+        graph = parse_ir(_ir_text(path), source=str(path))
         manifest = None
     elif path.is_dir():
         from runtime.artifact import open_artifact
@@ -85,6 +81,29 @@ def inspect_command(args) -> int:
     if manifest is not None and not partitioned:
         _describe_backend(artifact)
     return 0
+
+
+def _ir_text(path: Path) -> str:
+    """The text of an IR file. A file that is not one (README.md, an artifact's manifest.json)
+    is refused as such, not reported as a syntax error in its first line: a file named .dzir,
+    or whose first line that is not a comment starts a graph, is taken as IR."""
+    fix = (f"give the artifact directory {path.parent}, not its manifest"
+           if path.name == "manifest.json" else "give an artifact directory (dayzero compile "
+           "... -o NAME.dz writes one) or a .dzir file (dayzero compile --dump-ir DIR writes them)")
+    neither = DayzeroError(f"{path} is neither an artifact nor a .dzir IR file", str(path), fix)
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        if path.suffix == ".dzir":
+            raise DayzeroError(f"cannot read {path}: it is not UTF-8 text", str(path)) from None
+        raise neither from None
+    except OSError as exc:
+        raise DayzeroError(f"cannot read {path}: {exc}", str(path)) from None
+    first = next((line.strip() for line in text.splitlines()
+                  if line.strip() and not line.lstrip().startswith("#")), "")
+    if path.suffix != ".dzir" and not first.startswith("graph "):
+        raise neither
+    return text
 
 
 def _symbols(manifest: dict) -> str:

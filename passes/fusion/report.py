@@ -1,5 +1,11 @@
 """What fusion did: op counts before and after, how often each pattern fired, and why each
-pattern that was tried fired nowhere (by reason, nearest misses first, with source lines)."""
+pattern that was tried fired nowhere (by reason, nearest misses first, with source lines).
+
+Most patterns tried on a model cannot apply to it at all (a mixture of experts' on a dense
+model): their root op matched and nothing below it. `FusionReport.near_misses()` keeps the
+reasons of the patterns that matched partly, the ones worth reading (`compile --report`);
+the whole report (`--report=all`) has them all.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,7 @@ import linecache
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from compiler.ir import Graph
 
@@ -65,6 +71,7 @@ class MissGroup:
     depth: int
     structure_matched: bool
     examples: list[MissExample]
+    partial: bool = False  # the match got past the pattern's root (see `matched_partly`)
 
     def why(self) -> str:
         """The reason as the report words it: a rejected full match says so."""
@@ -78,10 +85,20 @@ class RuleMisses:
     tried: int
     groups: list[MissGroup]
     more_reasons: int  # groups left out beyond MAX_REASONS
+    partial_reasons: int = 0  # groups whose match got past the root, shown or not
 
     def nearness(self) -> tuple:
         top = self.groups[0]
         return (not top.structure_matched, -top.depth, self.rule)
+
+    def near(self) -> RuleMisses | None:
+        """Only the reasons where the pattern matched partly; None when it never did.
+        Partial groups rank first (they are deeper), so the kept groups hold all of them
+        up to MAX_REASONS."""
+        if not self.partial_reasons:
+            return None
+        kept = [g for g in self.groups if g.partial]
+        return replace(self, groups=kept, more_reasons=self.partial_reasons - len(kept))
 
 
 @dataclass(frozen=True)
@@ -92,6 +109,14 @@ class FusionReport:
     fired: Counter
     not_fired: list[RuleMisses]  # nearest misses first
     groups: Counter  # fusion group -> nodes in it
+    left_out: int = 0  # patterns tried whose misses `near_misses` left out
+
+    def near_misses(self) -> FusionReport:
+        """This report with the misses of the patterns that matched partly only."""
+        near = [entry.near() for entry in self.not_fired]
+        kept = [entry for entry in near if entry is not None]
+        return replace(self, not_fired=kept,
+                       left_out=self.left_out + len(self.not_fired) - len(kept))
 
     def changed(self) -> list[str]:
         return sorted(op for op in set(self.before) | set(self.after)
@@ -109,6 +134,9 @@ class FusionReport:
                          "first):")
             for entry in self.not_fired:
                 lines += _miss_lines(entry)
+        if self.left_out:
+            lines.append(f"patterns tried that did not fire and matched nothing past their "
+                         f"first node: {self.left_out} (--report=all lists them)")
         if self.changed():
             lines.append(f"op counts:   {'op':<28}{'before':>8}{'after':>8}")
             lines += [f"             {op:<28}{self.before[op]:>8}{self.after[op]:>8}"
@@ -151,7 +179,7 @@ def not_fired(misses: Iterable[RewriteMiss], fired: Counter | Iterable[str] = ()
     """Each pattern tried at some node but fired nowhere: the nodes it was tried at, grouped by
     reason (value names aside), nearest misses first. One pass over the misses; only the first
     few nodes of each group are kept."""
-    fired = set(fired)
+    fired, arity = set(fired), _root_arities()
     by_rule: dict[str, dict[str, MissGroup]] = {}
     tried: Counter = Counter()
     for miss in misses:
@@ -165,6 +193,7 @@ def not_fired(misses: Iterable[RewriteMiss], fired: Counter | Iterable[str] = ()
                                                         miss.structure_matched, [])
         group.count += 1
         group.depth = max(group.depth, miss.depth)
+        group.partial = group.partial or matched_partly(miss, arity.get(miss.rule))
         if len(group.examples) < MAX_EXAMPLES:
             group.examples.append(MissExample(miss.anchor, miss.loc, source_line(miss.loc)))
     out = []
@@ -172,8 +201,34 @@ def not_fired(misses: Iterable[RewriteMiss], fired: Counter | Iterable[str] = ()
         ranked = sorted(found.values(),
                         key=lambda g: (not g.structure_matched, -g.depth, -g.count))
         out.append(RuleMisses(rule, tried[rule], ranked[:MAX_REASONS],
-                              max(0, len(ranked) - MAX_REASONS)))
+                              max(0, len(ranked) - MAX_REASONS),
+                              sum(g.partial for g in ranked)))
     return sorted(out, key=RuleMisses.nearness)
+
+
+def matched_partly(miss: RewriteMiss, root_arity: int | None) -> bool:
+    """Whether a failed match got past the pattern's root node: the whole structure matched
+    (a check refused it), or it failed deeper than the root's own operands reach. The matcher
+    counts depth one per operand walked, so a failure deeper than the root's operand count is
+    inside an operand whose op matched. A miss one level below an operand can sit within that
+    count too: this errs towards the short report leaving a partial miss out, and never keeps
+    one that matched the root alone. (A rule the sets do not know is taken as binary.)"""
+    if miss.structure_matched:
+        return True
+    return miss.depth > (root_arity if root_arity is not None else 1)
+
+
+def _root_arities() -> dict[str, int]:
+    """Rule name -> operands of its pattern's root (the most over its alternatives)."""
+    from ..rewrite.pattern import AnyOf, OpPattern
+    from .sets import RULE_SETS
+
+    def arity(pattern) -> int:
+        if isinstance(pattern, AnyOf):
+            return max((arity(p) for p in pattern.alternatives), default=0)
+        return len(pattern.inputs) if isinstance(pattern, OpPattern) else 0
+
+    return {rule.name: arity(rule.pattern) for rules in RULE_SETS.values() for rule in rules}
 
 
 def source_line(loc: str | None) -> str:

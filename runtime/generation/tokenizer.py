@@ -28,6 +28,10 @@ DIR = "tokenizer/"
 # and templates. The caps bound what the Rust parser and json.loads are given.
 MAX_SIZE = {"tokenizer.json": 64 << 20}
 MAX_OTHER = 16 << 20
+# the runtime-only install names what text generation needs as one extra (packaging/runtime)
+_GENERATE_EXTRA = ('install the runtime\'s generate extra: pip install "dayzero-runtime[generate]" '
+                   '(from the repository: pip install "./packaging/runtime[generate]"; dayzero\'s '
+                   'hf extra brings it too)')
 _T = TypeVar("_T")
 
 
@@ -37,8 +41,8 @@ class ArtifactTokenizer:
             from tokenizers import Tokenizer
         except ImportError:
             raise DayzeroError("reading the artifact's tokenizer needs the `tokenizers` package",
-                               f"{where}/{DIR}", "pip install tokenizers (transformers brings "
-                               "it), or call generate with token ids") from None
+                               f"{where}/{DIR}",
+                               _GENERATE_EXTRA + ", or call generate with token ids") from None
 
         self.where = where
         self.source = f"{where}/{DIR}tokenizer.json"
@@ -83,8 +87,8 @@ class ArtifactTokenizer:
         _check_messages(messages)
         if importlib.util.find_spec("jinja2") is None:
             raise DayzeroError("rendering the chat template needs the `jinja2` package",
-                               f"{self.where}/{DIR}", "pip install jinja2, or pass a plain "
-                               "prompt string")
+                               f"{self.where}/{DIR}",
+                               _GENERATE_EXTRA + ", or pass a plain prompt string")
         return self._template.render({
             "messages": list(messages), "add_generation_prompt": True,
             "bos_token": self.bos_token or "", "eos_token": self.eos_token or ""})
@@ -133,9 +137,14 @@ def _short(exc: BaseException) -> str:
     return text if len(text) <= 300 else text[:300] + "..."
 
 
+def tokenizer_file_limit(name: str) -> int:
+    """The most bytes the tokenizer file `name` may have (compile refuses what load would)."""
+    return MAX_SIZE.get(name, MAX_OTHER)
+
+
 def check_size(name: str, size: int, where: str) -> None:
     """Refuse a tokenizer file larger than its cap, before anything parses it."""
-    limit = MAX_SIZE.get(name, MAX_OTHER)
+    limit = tokenizer_file_limit(name)
     if size > limit:
         raise ArtifactError(f"the tokenizer file {name} is {size} bytes, more than the "
                             f"{limit >> 20} MiB a tokenizer file may have",
