@@ -46,7 +46,13 @@ def compile(model, example_inputs: tuple, out: str | Path = "model.dz",
     """
     from .frontend import export
     from .frontend.refine import RefineState, SpecializedDims
-    from .generation import check_task, eos_token_ids, generation_inputs, tokenizer_files
+    from .generation import (
+        check_task,
+        eos_token_ids,
+        generation_inputs,
+        tokenizer_files,
+        tokenizer_vocabulary_warning,
+    )
 
     log = log or SILENT
     check_task(task)
@@ -60,6 +66,9 @@ def compile(model, example_inputs: tuple, out: str | Path = "model.dz",
         eos = eos_token_ids(model)
         if tokenizer is None and checkpoint is not None:
             tokenizer = checkpoint.layout.root
+        short = tokenizer_vocabulary_warning(tokenizer, model) if tokenizer else None
+        if short:  # before the minutes of export
+            log.line(f"  warning: {short}")
         from .image_text import is_image_text, prepare
 
         if is_image_text(model):  # vision encoder compiled now, the language step below

@@ -162,8 +162,6 @@ def compile_command(args) -> int:
                                "set the sequence range in the SPEC function's dynamic_shapes")
     task = args.task or default_task(spec.checkpoint)
     log.line(f"  task {task}")
-    if task == "text-generation":
-        _check_generation(spec, log)
     compile(spec.module, spec.example_inputs, out=args.out, backend=args.backend,
             dynamic_shapes=spec.dynamic_shapes, config=cfg, passes=args.passes,
             dump_ir=args.dump_ir, force=args.force, log=log, checkpoint=spec.checkpoint,
@@ -201,17 +199,6 @@ def _check_before_loading(args) -> tuple[CompileConfig, dict, object]:
 
         check_parallel(cfg.parallel)
     return cfg, backend_options, _reporter(args)
-
-
-def _check_generation(spec, log: StageLog) -> None:
-    """A checkpoint's tokenizer that cannot spell every id the model may generate, said before
-    the minutes of export (the driver checks the rest of what generation needs)."""
-    from ..generation import tokenizer_vocabulary_warning
-
-    if spec.checkpoint is not None:
-        warning = tokenizer_vocabulary_warning(spec.checkpoint.layout.root, spec.module)
-        if warning:
-            log.line(f"  warning: {warning}")
 
 
 def _sizes(text: str) -> list[int]:
