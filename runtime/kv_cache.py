@@ -123,9 +123,11 @@ class BlockAllocator:
                 f"{length} tokens; {len(self.free)} of {self.num_blocks} are free",
                 "kv cache", "preempt a sequence (the newest) and retry, or give the cache "
                 "more memory (generation.kv_cache_memory)")
-        self.tables[seq] = table + [self.free.pop() for _ in range(max(more, 0))]
+        # in place: a decode step grows each member's table by at most a block, at O(1)
+        table.extend(self.free.pop() for _ in range(max(more, 0)))
+        self.tables[seq] = table
         self.lengths[seq] = max(length, self.lengths.get(seq, 0))
-        return self.tables[seq]
+        return table
 
     def release(self, seq: object) -> None:
         """Free every block of `seq` (it finished, was cancelled or is preempted)."""

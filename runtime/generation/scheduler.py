@@ -7,29 +7,42 @@ each member grows its table, and when the pool runs dry the newest sequence is p
 blocks are freed and it goes back to the front of the queue, to be recomputed from its tokens
 (prompt and what it generated so far) when blocks free up, so nothing is lost. A finished or
 cancelled sequence frees its blocks at once. `generate` and the server drive the same loop.
+
+A step costs O(the sequences in it), however many wait: the queue and the running set are
+insertion-ordered dicts keyed by a sequence's stable id (membership, removal, front and back
+in O(1)), planning walks the running sequences from the oldest only while the budget lasts and
+admits from the queue's front only while budget and blocks remain, so at most `budget`
+sequences ever run (each takes at least one token a step).
+
+A logits row with NaN or +inf, or -inf for every token, gives that sequence no token: it ends
+with finish_reason "error", an event with token -1 and the reason in `error`, and frees its
+blocks; the other sequences of the step go on untouched.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections import deque
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ..sampling import SamplingParams, next_tokens
+from compiler.errors import InputError
+
+from ..sampling import SamplingParams, next_tokens, row_error
 from .engine import StepRunner
 from .step import StepPart
 
-GREEDY = SamplingParams()
+_NEXT_ID = itertools.count()  # itertools.count is atomic under the GIL: ids are unique
 
 
 @dataclass(eq=False)
 class Sequence:
     """One request: its tokens so far (prompt, then generated), how many are cached, and when
-    it stops."""
+    it stops. `seq_id` is its stable key (the scheduler's and the block allocator's)."""
     tokens: list[int]
     max_new_tokens: int
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -40,6 +53,8 @@ class Sequence:
     finish_reason: str | None = None
     preemptions: int = 0
     images: Any = None  # vision.ImageRows of the prompt's image tokens, if it has images
+    error: str | None = None  # why it ended with finish_reason "error"
+    seq_id: int = field(default_factory=lambda: next(_NEXT_ID))
 
     def __post_init__(self) -> None:
         self.prompt_len = self.prompt_len or len(self.tokens)
@@ -55,8 +70,11 @@ class Sequence:
 
 @dataclass(frozen=True)
 class TokenEvent:
+    """A sequence's new token; or, when `error` is set, token -1 and the reason it ended with
+    finish_reason "error" (its last event: it has no token and freed its blocks)."""
     sequence: Sequence
     token: int
+    error: str | None = None
 
 
 class Scheduler:
@@ -67,8 +85,9 @@ class Scheduler:
         self.budget = min(max_batch_tokens or runner.spec.max_batch_tokens,
                           runner.max_step_tokens or math.inf)
         self.chunk = min(prefill_chunk or runner.spec.prefill_chunk, self.budget)
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+        # by seq_id, in order: the queue (front first) and the running set (oldest first)
+        self.waiting: OrderedDict[int, Sequence] = OrderedDict()
+        self.running: OrderedDict[int, Sequence] = OrderedDict()
         self.preemptions = 0
         self.on_step: Callable[[int, int], None] | None = None  # (tokens, sequences) per step
 
@@ -77,7 +96,7 @@ class Scheduler:
         return self.runner.allocator
 
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        self.waiting[seq.seq_id] = seq
 
     def cancel(self, seq: Sequence) -> None:
         """Stop `seq` now and free its blocks."""
@@ -97,104 +116,136 @@ class Scheduler:
         members = self._plan()
         if not members:
             return []
+        tables = self.allocator.tables
         parts = [StepPart(np.asarray(seq.tokens[seq.cached:seq.cached + n], np.int64),
-                          seq.cached, self.allocator.tables[id(seq)],
-                          seq.cached + n == len(seq.tokens), seq.images) for seq, n in members]
+                          seq.cached, tables[seq.seq_id], seq.cached + n == len(seq.tokens),
+                          seq.images) for seq, n in members]
         logits, rows = self.runner.run(parts)
         if self.on_step is not None:
             self.on_step(sum(n for _, n in members), len(members))
         for seq, n in members:
             seq.cached += n
         wanted = [(members[i][0], row) for row, i in enumerate(rows) if parts[i].logits]
-        return [self._advance(seq, token)
-                for (seq, _), token in zip(wanted, self._sample(wanted, logits))]
+        errors: dict[int, str] = {}
+        tokens = self._sample(wanted, logits, errors)
+        return [self._advance(seq, token, errors.get(k))
+                for k, ((seq, _), token) in enumerate(zip(wanted, tokens))]
 
     # -- planning -----------------------------------------------------------------------------
     def _plan(self) -> list[tuple[Sequence, int]]:
-        """The step's members and how many tokens each adds, growing their block tables."""
+        """The step's members and how many tokens each adds, growing their block tables: the
+        running sequences oldest first while the budget lasts, then the queue's front while
+        budget and blocks last (first come first served: it stops at the first that cannot
+        start). Looks at no sequence beyond the step's members, one more, and those it
+        preempts (newest first; they leave the running set once the walk is over)."""
         budget, members = self.budget, []
-        candidates = list(self.running)
-        while self.waiting:  # admitted in order; stops at the first that cannot start
-            candidates.append(self.waiting[0])
-            if not self._fits_first_chunk(self.waiting[0], budget, candidates):
-                candidates.pop()
-                break
-            self.running.append(self.waiting.popleft())
-        for seq in list(self.running):
-            if seq not in self.running or budget == 0:
-                continue
+        newest, preempted = reversed(self.running.values()), []
+        for seq in self.running.values():
+            if budget == 0 or (preempted and seq is preempted[-1]):
+                break  # the budget is spent, or the rest were preempted
             n = min(len(seq.tokens) - seq.cached, self.chunk, budget)
-            if not self._reserve(seq, seq.cached + n):
-                continue
+            if not self._reserve(seq, seq.cached + n, newest, preempted):
+                break  # `seq` itself was the newest left
             members.append((seq, n))
             budget -= n
-        return [(s, n) for s, n in members if s in self.running]
+        for seq in preempted:  # newest first: each to the queue's front, the oldest ends first
+            del self.running[seq.seq_id]
+            self.waiting[seq.seq_id] = seq
+            self.waiting.move_to_end(seq.seq_id, last=False)
+        while budget > 0 and self.waiting:
+            seq = next(iter(self.waiting.values()))
+            n = min(len(seq.tokens) - seq.cached, self.chunk, budget)
+            if not self.allocator.fits(seq.seq_id, seq.cached + n):
+                break
+            del self.waiting[seq.seq_id]
+            self.running[seq.seq_id] = seq
+            self.allocator.grow(seq.seq_id, seq.cached + n)
+            members.append((seq, n))
+            budget -= n
+        return members
 
-    def _fits_first_chunk(self, seq: Sequence, budget: int, _candidates) -> bool:
-        need = min(len(seq.tokens), self.chunk, max(budget, 1))
-        return self.allocator.fits(id(seq), need)
-
-    def _reserve(self, seq: Sequence, length: int) -> bool:
-        """Blocks for `length` tokens of `seq`, preempting the newest others when short;
-        False when `seq` itself was the newest and got preempted."""
-        while not self.allocator.fits(id(seq), length):
-            victim = self.running[-1]
-            self._preempt(victim)
+    def _reserve(self, seq: Sequence, length: int, newest: Iterator[Sequence],
+                 preempted: list[Sequence]) -> bool:
+        """Blocks for `length` tokens of `seq`, preempting the newest others (`newest` walks
+        the running set from its end) when short; False when `seq` itself was the newest
+        left and got preempted."""
+        while not self.allocator.fits(seq.seq_id, length):
+            victim = next(newest)
+            self.allocator.release(victim.seq_id)
+            victim.cached = 0
+            victim.preemptions += 1
+            self.preemptions += 1
+            preempted.append(victim)
             if victim is seq:
                 return False
-        self.allocator.grow(id(seq), length)
+        self.allocator.grow(seq.seq_id, length)
         return True
 
-    def _preempt(self, seq: Sequence) -> None:
-        self.allocator.release(id(seq))
-        self.running.remove(seq)
-        seq.cached = 0
-        seq.preemptions += 1
-        self.preemptions += 1
-        self.waiting.appendleft(seq)
-
     def _drop(self, seq: Sequence) -> None:
-        self.allocator.release(id(seq))
-        if seq in self.running:
-            self.running.remove(seq)
-        if seq in self.waiting:
-            self.waiting.remove(seq)
+        self.allocator.release(seq.seq_id)
+        self.running.pop(seq.seq_id, None)
+        self.waiting.pop(seq.seq_id, None)
 
     # -- tokens -------------------------------------------------------------------------------
     @staticmethod
-    def _sample(wanted: list[tuple[Sequence, int]], logits: np.ndarray) -> list[int]:
+    def _sample(wanted: list[tuple[Sequence, int]], logits: np.ndarray,
+                errors: dict[int, str] | None = None) -> list[int]:
         """Each sequence's next token from its logits row. The greedy rows go through one
         argmax together (a row's argmax does not depend on the others, so batching keeps
         every answer token-identical to the request alone); a sampled row draws from its own
-        generator, alone."""
-        tokens = [0] * len(wanted)
+        generator, alone. A row without a distribution (`row_error`) gets token -1 and its
+        reason in `errors` under its index; without `errors`, it raises InputError."""
+        tokens = [-1] * len(wanted)
+        problems: dict[int, str] = {}
         greedy = [k for k, (seq, _) in enumerate(wanted) if not seq.sampling.do_sample]
         if greedy:
             rows = [wanted[k][1] for k in greedy]
-            for k, token in zip(greedy, _argmax_rows(logits, rows).tolist()):
+            picks, bad = _argmax_rows(logits, rows)
+            for k, token in zip(greedy, picks):
                 tokens[k] = token
+            problems.update((greedy[j], problem) for j, problem in bad.items())
         for k, (seq, row) in enumerate(wanted):
             if seq.sampling.do_sample:
-                tokens[k] = int(next_tokens(logits[row:row + 1], seq.sampling, seq.rng)[0])
+                values = logits[row:row + 1]
+                if np.isfinite(values.max()):
+                    tokens[k] = int(next_tokens(values, seq.sampling, seq.rng)[0])
+                else:
+                    problems[k] = row_error(values)
+        if errors is None and problems:
+            k = min(problems)
+            raise InputError(f"the logits of sequence {k} {problems[k]}", "logits",
+                             "the model produced non-finite logits (check its inputs and "
+                             "weights: `dayzero align`)")
+        if errors is not None:
+            errors.update(problems)
         return tokens
 
-    def _advance(self, seq: Sequence, token: int) -> TokenEvent:
+    def _advance(self, seq: Sequence, token: int, problem: str | None = None) -> TokenEvent:
+        if problem is not None:
+            seq.finish_reason = "error"
+            seq.error = f"the logits for its next token (position {len(seq.tokens)}) {problem}"
+            self._drop(seq)
+            return TokenEvent(seq, -1, seq.error)
         seq.tokens.append(token)
         if token in seq.eos_token_ids:
             seq.finish_reason = "stop"
-        elif len(seq.generated) >= seq.max_new_tokens:
+        elif len(seq.tokens) - seq.prompt_len >= seq.max_new_tokens:  # no copy of them
             seq.finish_reason = "length"
         if seq.finished:
             self._drop(seq)
         return TokenEvent(seq, token)
 
 
-def _argmax_rows(logits: np.ndarray, rows: list[int]) -> np.ndarray:
-    """`next_tokens(logits[rows], greedy)` in one pass over the rows (no copy when they are
-    the first ones in order): argmax takes a NaN for the maximum, so a row holding one shows
-    it at its pick, and only then does `next_tokens` run, to raise its error."""
+def _argmax_rows(logits: np.ndarray, rows: list[int]) -> tuple[list[int], dict[int, str]]:
+    """Greedy picks of `logits[rows]` in one pass (no copy when they are the first rows in
+    order), and the `row_error` of each row that has no distribution, by its index in `rows`
+    (its pick is -1): argmax lands on a NaN or a +inf if the row holds one, and on a -inf only
+    if every entry is one, so checking the picked values finds every such row."""
     chosen = logits[:len(rows)] if rows == list(range(len(rows))) else logits[rows]
     picks = np.argmax(chosen, axis=1)
-    if np.isnan(chosen[np.arange(len(rows)), picks]).any():
-        return next_tokens(chosen, GREEDY)
-    return picks
+    tokens = picks.tolist()
+    bad = {}
+    for k in np.flatnonzero(~np.isfinite(chosen[np.arange(len(rows)), picks])).tolist():
+        tokens[k] = -1
+        bad[k] = row_error(chosen[k])
+    return tokens, bad
