@@ -20,12 +20,12 @@ import time
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 from onnx import TensorProto, helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backends.onnxruntime import native_ops  # noqa: E402
+from backends.onnxruntime.ort_module import ort  # noqa: E402 - telemetry off (issue 33)
 from backends.onnxruntime.session import SessionConfig, session_options  # noqa: E402
 
 HEADS, KV_HEADS, SIZE = 8, 4, 32

@@ -397,8 +397,9 @@ def _ort_gemv(matrix: np.ndarray, threads: int):
     """A call of ONNX Runtime's Gemm of one row by `matrix` transposed (the weights as
     dayzero's and GenAI's decode steps hold them, prepacked at load), or None without ORT."""
     try:
-        import onnxruntime as ort
         from onnx import TensorProto, helper, numpy_helper
+
+        from backends.onnxruntime.ort_module import ort  # telemetry off (issue 33)
     except ImportError:
         return None
     node = helper.make_node("Gemm", ["x", "w"], ["y"], transB=1)

@@ -26,11 +26,11 @@ SHAPES = LAYER * 8 + [(1024, 32000)]
 
 
 def session(native: bool, threads: int, seed: int = 0):
-    import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
     from backends.onnxruntime import native_ops
     from backends.onnxruntime.convert_int4 import tile_layout
+    from backends.onnxruntime.ort_module import ort  # telemetry off (issue 33)
     from backends.onnxruntime.session import SessionConfig, session_options
 
     rng = np.random.default_rng(seed)

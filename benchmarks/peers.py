@@ -50,6 +50,7 @@ sys.path.insert(0, str(ROOT))
 
 import compiler  # noqa: E402
 import runtime  # noqa: E402
+from backends.onnxruntime.ort_module import ort  # noqa: E402,F401 - telemetry off (issue 33)
 from backends.onnxruntime.session import SessionConfig, create_session  # noqa: E402
 from compiler.ir import parse_ir  # noqa: E402
 from compiler.ir.symbolic import evaluate  # noqa: E402

@@ -45,7 +45,7 @@ from .comm import DEFAULT_TIMEOUT, Rendezvous, TorchCommunicator, barrier, conne
 from .index_inputs import read_index_inputs
 from .npz_files import write_npz
 from .specs import TensorSpec, specs_from_manifest
-from .stale_dirs import sweep
+from .stale_dirs import mark, sweep
 from .to_numpy import to_numpy
 from .validate import check_output_shapes, prepare_inputs
 
@@ -271,7 +271,8 @@ def free_port() -> int:
 
 RUN_DIR_PREFIX = "dayzero-run-"
 SHUTDOWN_SECONDS = 5  # how long stopped ranks get to exit before they are killed
-_RUN_DIR = re.compile(rf"^{RUN_DIR_PREFIX}(?:(\d+)-)?[\w]+$")
+_RUN_DIR = re.compile(rf"^{RUN_DIR_PREFIX}\d+-\w+$")
+RUN_DIR_PURPOSE = "launch"  # the marker's purpose (runtime.stale_dirs)
 _STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
 
 
@@ -280,14 +281,16 @@ def launch(artifact: str | Path, nproc: int, inputs: dict[str, np.ndarray], *,
     """Run a partitioned artifact on `nproc` local ranks; returns the outputs by name.
 
     Everything a launch writes (inputs, outputs, the elastic agent's logs and error files) lives
-    in one folder, dayzero-run-PID-xxxx in the temp dir, removed when the launch ends, also on
-    SIGTERM; a folder left by a launcher that was killed outright is swept by the next launch.
+    in one folder, dayzero-run-PID-xxxx in the temp dir, marked as the launcher's
+    (`runtime.stale_dirs`), removed when the launch ends, also on SIGTERM; a folder left by a
+    launcher that was killed outright is swept by the next launch.
     Ranks die with their launcher (they ask the kernel for SIGKILL when their parent goes).
     """
     sweep_run_dirs()
     with _stopped_by_signals():  # outermost: the folder is removed before the signal ends us
         tmp = Path(tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-"))
         try:
+            mark(tmp, RUN_DIR_PURPOSE)
             return _launch_in(tmp, artifact, nproc, inputs, timeout, verify)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -373,10 +376,10 @@ def _raise_stopped(signum, frame):
 def sweep_run_dirs(parent: str | Path | None = None) -> list[Path]:
     """Remove run folders of launchers that are gone (killed outright); returns them.
 
-    A folder whose recorded pid no longer runs is stale; one without a pid (an older dayzero)
-    once it is an hour old.
+    Only folders named like a launcher's that carry a launcher's marker whose process provably
+    no longer runs: an unmarked folder of that name is not ours, whatever its age.
     """
-    return sweep(Path(parent or tempfile.gettempdir()), _RUN_DIR, 3600)
+    return sweep(Path(parent or tempfile.gettempdir()), _RUN_DIR, RUN_DIR_PURPOSE)
 
 
 def _die_with_parent() -> None:

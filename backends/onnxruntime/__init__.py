@@ -30,10 +30,10 @@ from backends.base import ArtifactView, Backend, Capabilities, WeightLocation
 from compiler.errors import DayzeroError
 
 from .external_data import check_external_data
-from .inspection import RECORD, format_node_map, node_map, read_record
+from .inspection import RECORD, format_node_map, node_map, read_record, record_name
 from .native_ops import DOMAIN as NATIVE_DOMAIN
 from .native_ops import LIBRARY, PortableFallbackWarning
-from .session import LoadAverage, SessionConfig, one_minute_load
+from .session import LoadAverage, SessionConfig, clamped_threads, one_minute_load
 
 if TYPE_CHECKING:
     from compiler.ir import Graph, Node
@@ -126,9 +126,10 @@ class OnnxRuntimeBackend(Backend):
         from .io_check import check_io
         from .session import create_session
 
-        record = read_record(artifact)
-        recorded = f"{artifact.root}/backend/{RECORD}: session"
-        config = SessionConfig.from_options(record.get("session"), recorded)
+        record = read_record(artifact)  # checked against its schema
+        recorded = f"{record_name(artifact, Path(artifact.payload_path(RECORD)))}: session"
+        config = SessionConfig.from_options(clamped_threads(record["session"], recorded),
+                                            recorded)
         settings = config.overridden(session, "session").resolve(load_average)
         model_file, record = select_model(record)
         _check_kernels(record, artifact)
@@ -240,6 +241,6 @@ def _check_weights(model: bytes, model_path, artifact: ArtifactView) -> None:
 
 
 def _ort_version() -> str:
-    import onnxruntime
+    from .ort_module import ort
 
-    return onnxruntime.__version__
+    return ort.__version__

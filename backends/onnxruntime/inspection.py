@@ -3,21 +3,35 @@
 The lowering records, per IR node in execution order, its text, the ONNX ops emitted for it
 (contrib ops qualified by domain, e.g. `com.microsoft.MultiHeadAttention`) and the lowering used
 (`standard` or a fused variant). The record is backend/lowering.json in the artifact, hashed in
-its manifest like every other file. Reading it needs neither onnx nor torch.
+its manifest like every other file, and checked against its schema when read. Reading it needs
+neither onnx nor torch.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
+
+from .record_schema import load_record
 
 RECORD = "lowering.json"
 
 
 def read_record(artifact) -> dict[str, Any]:
-    """The lowering record of an onnxruntime artifact (an `ArtifactView`)."""
-    return json.loads(artifact.payload_path(RECORD).read_text())
+    """The lowering record of an onnxruntime artifact (an `ArtifactView`), checked against its
+    schema (`record_schema`): an ArtifactError names the file and key of what is wrong."""
+    path = Path(artifact.payload_path(RECORD))
+    return load_record(path, record_name(artifact, path))
+
+
+def record_name(artifact, path: Path) -> str:
+    """The record's path inside the artifact (backend/lowering.json, or a segment's), the name
+    errors and warnings give it."""
+    try:
+        return path.relative_to(artifact.root).as_posix()
+    except ValueError:
+        return str(path)
 
 
 def node_map(artifact) -> list[dict[str, Any]]:

@@ -59,7 +59,7 @@ def library_file() -> Path | None:
 @functools.lru_cache(maxsize=1)
 def library() -> Path | None:
     """The library, when it is built and this onnxruntime accepts it; None otherwise."""
-    import onnxruntime as ort
+    from .ort_module import ort
 
     path = library_file()
     if path is None:

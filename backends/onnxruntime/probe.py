@@ -59,9 +59,9 @@ def installed_kernels() -> KernelSet:
     from .native_ops import kernels as native_kernels
 
     try:
-        from onnxruntime.capi import _pybind_state as C
+        from .ort_module import ort
 
-        defs = C.get_all_opkernel_def()
+        defs = ort.capi._pybind_state.get_all_opkernel_def()
     except (ImportError, AttributeError):  # pragma: no cover - minimal builds
         return KernelSet(())
     entries = set()

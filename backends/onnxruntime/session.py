@@ -10,6 +10,9 @@ manifest) and the benchmark's torch.onnx.export peer can be given exactly the sa
 - intra-op threads `0` means "one per CPU this process may run on" (its affinity mask), resolved
   at load time; ORT's own default counts the machine's physical cores, which oversubscribes a
   container or a process pinned to a subset of cores.
+  Thread counts recorded in an artifact are clamped to that same count when loaded (with a
+  warning naming the file and key: 5000 threads took a load past 300 s, 100000 crashed ORT),
+  and an explicit override above it is refused (`clamped_threads`, `overridden`).
 - one inter-op thread, sequential execution: the graphs are chains of large ops; running
   independent branches in parallel adds scheduling cost and steals cores from the intra-op pool.
 - memory arena and memory pattern on: activations are reused across calls instead of being
@@ -32,12 +35,13 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from compiler.errors import DayzeroError
+from compiler.errors import DayzeroError, InputError
 from compiler.heap import trim_heap
 
 OPT_LEVELS = ("disable", "basic", "extended", "all")
@@ -46,6 +50,8 @@ SPINNING = (True, False, "auto")
 EXTERNAL_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
 SPINNING_KEY = "session.intra_op.allow_spinning"
 OPTION_PATH = "backend_options.onnxruntime.session"  # where the options come from at compile time
+MAX_THREADS = 65536  # no machine has more CPUs: a bigger count is not a setting but an error
+THREAD_KEYS = ("intra_op_threads", "inter_op_threads")
 
 LoadAverage = Callable[[], float]
 
@@ -64,6 +70,10 @@ def affinity_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not on Linux
         return os.cpu_count() or 1
+
+
+class ThreadsClampedWarning(UserWarning):
+    """An artifact records more threads than this process has CPUs; fewer are used."""
 
 
 @dataclass(frozen=True)
@@ -95,10 +105,19 @@ class SessionConfig:
         return config
 
     def overridden(self, overrides: Mapping[str, Any] | None, where: str) -> SessionConfig:
-        """This config with `overrides` (checked like `from_options`) applied on top."""
+        """This config with `overrides` (checked like `from_options`) applied on top. A thread
+        count above the CPUs this process may run on is refused: it was asked for explicitly,
+        on this machine, and more threads than CPUs only slow the run (or crash ORT)."""
         if not overrides:
             return self
         SessionConfig.from_options(overrides, where)  # names, types and values, checked
+        cpus = affinity_cpus()
+        for key in THREAD_KEYS:
+            if key in overrides and overrides[key] > cpus:
+                raise InputError(f"session setting '{where}.{key}' asks for {overrides[key]} "
+                                 f"threads, more than the {cpus} CPUs this process may run on "
+                                 "(its affinity mask)", f"{where}.{key}",
+                                 f"use at most {cpus}, or 0 for one thread per CPU")
         return replace(self, **dict(overrides))
 
     def check(self, where: str = OPTION_PATH) -> None:
@@ -108,8 +127,9 @@ class SessionConfig:
             ("execution_mode", self.execution_mode in EXECUTION_MODES,
              f"one of {EXECUTION_MODES}"),
             ("intra_op_threads", _count(self.intra_op_threads),
-             "an integer >= 0 (0: one per CPU)"),
-            ("inter_op_threads", _count(self.inter_op_threads), "an integer >= 0"),
+             f"an integer from 0 to {MAX_THREADS} (0: one per CPU)"),
+            ("inter_op_threads", _count(self.inter_op_threads),
+             f"an integer from 0 to {MAX_THREADS}"),
             ("cpu_mem_arena", isinstance(self.cpu_mem_arena, bool), "true or false"),
             ("mem_pattern", isinstance(self.mem_pattern, bool), "true or false"),
             ("allow_spinning", isinstance(self.allow_spinning, bool) or
@@ -165,12 +185,26 @@ class ResolvedSession:
         return "onnxruntime session: " + ", ".join(parts)
 
 
+def clamped_threads(options: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """Session settings read from an artifact (at `where`) with each thread count above the
+    CPUs this process may run on lowered to that number, one warning per key: the artifact was
+    compiled elsewhere, and the machine that runs it decides (5000 threads took a load past
+    300 s; 100000 crashed ONNX Runtime)."""
+    cpus = affinity_cpus()
+    lowered = {key: cpus for key in THREAD_KEYS
+               if type(options.get(key)) is int and options[key] > cpus}
+    for key in lowered:
+        warnings.warn(f"{where}.{key} is {options[key]}, more than the {cpus} CPUs this "
+                      f"process may run on; using {cpus}", ThreadsClampedWarning, stacklevel=3)
+    return {**options, **lowered}
+
+
 def _known() -> list[str]:
     return sorted(f.name for f in fields(SessionConfig))
 
 
 def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_THREADS
 
 
 def _text(value: Any) -> str:
@@ -187,9 +221,8 @@ def session_options(config: SessionConfig | ResolvedSession,
     `weights/model-00001-of-00001.safetensors`): ONNX Runtime refuses locations that climb out of
     the model's folder with `..`, so the model is loaded from bytes and ORT is told the root here.
     """
-    import onnxruntime as ort
-
     from .native_ops import register
+    from .ort_module import ort
 
     settings = config if isinstance(config, ResolvedSession) else config.resolve()
     chosen = settings.config
@@ -218,7 +251,7 @@ def create_session(model: bytes, config: SessionConfig | ResolvedSession,
                    external_folder: Path | None = None):
     """An inference session on the CPU execution provider for serialized ONNX `model`. The heap
     is trimmed after it: the load's constant folding frees each stored weight it repacks."""
-    import onnxruntime as ort
+    from .ort_module import ort
 
     session = ort.InferenceSession(model, session_options(config, external_folder),
                                    providers=["CPUExecutionProvider"])

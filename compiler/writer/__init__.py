@@ -5,7 +5,7 @@ folder atomically; `check_destination` refuses an unwritable output before minut
 """
 
 from .artifact_writer import (
-    STALE_SECONDS,
+    TEMP_PURPOSE,
     check_destination,
     removed_on_sigterm,
     sweep_stale_temps,
@@ -13,5 +13,5 @@ from .artifact_writer import (
     write_artifact,
 )
 
-__all__ = ["STALE_SECONDS", "check_destination", "removed_on_sigterm", "sweep_stale_temps",
+__all__ = ["TEMP_PURPOSE", "check_destination", "removed_on_sigterm", "sweep_stale_temps",
            "value_spec", "write_artifact"]

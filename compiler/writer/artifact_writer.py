@@ -5,7 +5,10 @@ and the runtime's format modules, and a machine that only runs artifacts never i
 
 The writer builds everything in a temporary sibling folder and renames it into place, so a failed
 compile leaves nothing behind and `force` replaces an old artifact only once the new one is
-complete.
+complete. It deletes, renames or overwrites only what it made: the temporary folder carries its
+marker (`runtime.stale_dirs`) from its first moment, the sweep of folders that killed writers
+left removes only marked ones whose writer is provably gone, and `force` replaces only a
+dayzero artifact (or an empty folder), never a file or a folder holding anything else.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from runtime.artifact import (
     safe_relpath,
 )
 from runtime.index_inputs import index_inputs_json
-from runtime.stale_dirs import sweep
+from runtime.stale_dirs import MARKER, make_marked_dir, sweep, unmark
 
 from .hashed_files import put_file, write_weights
 from .rank_writer import write_ranks
@@ -83,13 +86,13 @@ def write_artifact(out: str | Path, graph: Graph, backend: Backend | str, *,
     _check_target(out, force)
     out.parent.mkdir(parents=True, exist_ok=True)
     sweep_stale_temps(out.parent)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
-    tmp.mkdir()  # not tempfile.mkdtemp: the artifact keeps the user's umask, not mode 0700
+    tmp = make_marked_dir(out.with_name(f".{out.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"),
+                          TEMP_PURPOSE)
     files: dict[str, dict[str, Any]] = {}
     try:
         with removed_on_sigterm(tmp), collection_paused():  # lowering builds a second graph
             for rel, data in sorted((extra_files or {}).items()):
-                put_file(tmp, safe_relpath(rel, "artifact file"), bytes(data), files)
+                put_file(tmp, _extra_path(rel), bytes(data), files)
             _write_into(tmp, out, graph, target, options, extra, force, progress, shard_bytes,
                         ranks, files)
     except BaseException:
@@ -110,20 +113,21 @@ def _write_into(tmp: Path, out: Path, graph: Graph, target: Backend, options: di
         shard_files = []
     manifest = _manifest(graph, target.name, options, extra, shard_files, files)
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    unmark(tmp)  # from here a kill leaves an unmarked folder: never swept, never an artifact
     _install(tmp, out, force)
 
 
 # -- temporary folders: removed on SIGTERM, swept when their writer is gone ----------------------
 
-_TEMP_NAME = re.compile(r"^\..+\.(?:(\d+)-)?[0-9a-f]{8}\.tmp$")
-STALE_SECONDS = 600  # a temp folder without a recorded owner is left alone this long
+_TEMP_NAME = re.compile(r"^\..+\.\d+-[0-9a-f]{8}\.tmp$")
+TEMP_PURPOSE = "artifact-write"  # the marker's purpose: the sweep takes no other kind of folder
 
 
 @contextlib.contextmanager
 def removed_on_sigterm(path: Path):
     """While writing into `path`, SIGTERM removes it before the process ends as it would have.
 
-    SIGKILL cannot be caught: the folder name records the writer's pid, and the next write into
+    SIGKILL cannot be caught: the folder's marker records the writer, and the next write into
     the same parent sweeps it (`sweep_stale_temps`). Only the main thread can set handlers;
     elsewhere, and where SIGTERM is ignored, nothing changes.
     """
@@ -155,10 +159,22 @@ def removed_on_sigterm(path: Path):
 def sweep_stale_temps(parent: Path) -> list[Path]:
     """Remove temporary artifact folders in `parent` left by killed writers; returns them.
 
-    A folder whose recorded pid is no longer running is stale; one without a pid (written by an
-    older dayzero) once it is older than STALE_SECONDS. A running writer's folder is kept.
+    Only a folder named like the writer's that carries a writer's marker, of this user and
+    host, whose writer provably no longer runs; an unmarked folder is not ours (whatever its
+    name or age) and a running writer's is in use: both are kept.
     """
-    return sweep(parent, _TEMP_NAME, STALE_SECONDS)
+    return sweep(parent, _TEMP_NAME, TEMP_PURPOSE)
+
+
+_RESERVED = frozenset({MANIFEST, MARKER})  # written by the writer itself
+
+
+def _extra_path(rel: str) -> str:
+    rel = safe_relpath(rel, "artifact file")
+    if rel in _RESERVED:
+        raise DayzeroError(f"an extra artifact file may not be named {rel}", rel,
+                           "the writer writes that file itself; choose another name")
+    return rel
 
 
 def _fill(root: Path, graph: Graph, backend: Backend, options: dict[str, Any],
@@ -254,31 +270,89 @@ def _check_target(out: Path, force: bool) -> None:
     if not force:
         raise DayzeroError(f"output path {out} already exists", str(out),
                            "choose another path or pass --force (force=True) to replace it")
-    if out.is_symlink() or not out.is_dir() or not _is_artifact_or_empty(out):
-        raise DayzeroError(f"refusing to replace {out}: it is not a dayzero artifact", str(out),
-                           "remove it yourself or choose another output path")
+    problem = _not_replaceable(out)
+    if problem is not None:
+        raise DayzeroError(f"refusing to replace {out}: {problem}", str(out),
+                           "--force replaces only a dayzero artifact (or an empty folder): "
+                           "move or remove it yourself, or choose another output path")
 
 
-def _is_artifact_or_empty(path: Path) -> bool:
-    if not any(path.iterdir()):
-        return True
+MAX_MANIFEST_BYTES = 256 * 2**20  # far past any artifact's manifest; a bigger file is not one
+
+
+def _not_replaceable(path: Path) -> str | None:
+    """Why `force` may not replace `path` (None: it is an empty folder, or a dayzero artifact
+    holding nothing but its own files: what goes with it is only what a compile wrote)."""
+    if path.is_symlink():
+        return "it is a symbolic link, not a dayzero artifact"
+    if not path.is_dir():
+        return "it is a file, not a dayzero artifact"
+    if next(path.iterdir(), None) is None:
+        return None
+    manifest = _read_manifest_of(path / MANIFEST)
+    listed = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(listed, dict) or manifest.get("format") != FORMAT_NAME:
+        return f"it is not a dayzero artifact (no {MANIFEST} of format {FORMAT_NAME})"
+    foreign = _foreign_entry(path, set(listed))
+    if foreign is not None:
+        return f"it holds {foreign}, which is not a file of the artifact"
+    return None
+
+
+def _read_manifest_of(path: Path) -> Any:
     try:
-        return json.loads((path / MANIFEST).read_text()).get("format") == FORMAT_NAME
-    except (OSError, ValueError, AttributeError):
-        return False
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > MAX_MANIFEST_BYTES:
+            return None
+        return json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return None
+
+
+def _foreign_entry(root: Path, listed: set[str]) -> str | None:
+    """The first entry under `root` that is neither manifest.json, nor a listed file, nor a
+    folder on the way to one (a user's notes, a .git folder, an empty folder, a link)."""
+    folders = {"/".join(rel.split("/")[:i]) for rel in listed for i in range(1, rel.count("/") + 1)}
+    unreadable: list[OSError] = []
+    for top, dirs, names in os.walk(root, onerror=unreadable.append):  # links not followed
+        here = Path(top).relative_to(root).as_posix()
+        prefix = "" if here == "." else f"{here}/"
+        for name in dirs:
+            if Path(top, name).is_symlink() or f"{prefix}{name}" not in folders:
+                return f"{prefix}{name}/"
+        for name in names:
+            if f"{prefix}{name}" not in listed and f"{prefix}{name}" != MANIFEST:
+                return f"{prefix}{name}"
+    if unreadable:
+        return f"{unreadable[0].filename}, which cannot be read"
+    return None
 
 
 def _install(tmp: Path, out: Path, force: bool) -> None:
-    """Rename the finished folder into place; an old artifact goes only after that succeeded."""
+    """Rename the finished folder into place; an old artifact is renamed aside first, removed
+    only once the new one is in place, and put back if that fails."""
     if not (out.exists() or out.is_symlink()):
-        os.rename(tmp, out)
+        _rename(tmp, out)
         return
-    _check_target(out, force)
+    _check_target(out, force)  # again: the folder may have changed during the compile
     old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
-    os.rename(out, old)
+    _rename(out, old)
     try:
-        os.rename(tmp, out)
+        _rename(tmp, out)
     except BaseException:
-        os.rename(old, out)
+        try:
+            os.rename(old, out)
+        except OSError as exc:
+            raise DayzeroError(f"replacing {out} failed, and so did putting the old artifact "
+                               f"back ({exc.strerror or exc})", str(old),
+                               f"the old artifact is intact at {old}: move it back") from None
         raise
     shutil.rmtree(old, ignore_errors=True)
+
+
+def _rename(source: Path, dest: Path) -> None:
+    try:
+        os.rename(source, dest)
+    except OSError as exc:
+        raise DayzeroError(f"cannot move {source.name} to {dest} ({exc.strerror or exc})",
+                           str(dest), "check that nothing else writes there, and compile "
+                           "again") from None

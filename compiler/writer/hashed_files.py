@@ -19,10 +19,18 @@ from runtime.artifact import WEIGHTS_DIR
 
 
 def put_file(root: Path, rel: str, data: bytes, files: dict[str, dict[str, Any]]) -> None:
-    """Write `data` at `rel` under `root` and record its size and hash in `files`."""
+    """Write `data` at `rel` under `root` and record its size and hash in `files`.
+
+    Each file is created, never overwritten: two parts of a compile naming the same file (an
+    extra file and a payload file, say) is an error, not a silent loss of one of them."""
     path = root / rel
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "xb") as f:
+            f.write(data)
+    except (FileExistsError, NotADirectoryError):
+        raise DayzeroError(f"two files of the artifact would be written at {rel}", rel,
+                           "give the extra or payload files distinct paths") from None
     files[rel] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
@@ -34,7 +42,11 @@ def write_weights(root: Path, graph: Graph, files: dict[str, dict[str, Any]], pr
     specs = {name: _weight_spec(graph, name) for name in graph.weights}
     sizes = [(name, _nbytes(*spec)) for name, spec in specs.items()]
     shards = st.plan_shards(sizes, shard_bytes)
-    (root / folder).mkdir(parents=True)
+    try:
+        (root / folder).mkdir(parents=True)
+    except FileExistsError:
+        raise DayzeroError(f"the weights folder {folder}/ already holds other files", folder,
+                           "give the extra files paths outside it") from None
     locations: dict[str, WeightLocation] = {}
     shard_files = []
     for index, names in enumerate(shards):

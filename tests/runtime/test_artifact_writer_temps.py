@@ -1,16 +1,13 @@
-"""A compile that is killed leaves no hidden temporary folder behind for long."""
+"""A compile that is killed leaves no hidden temporary folder behind for long (the sweep of
+folders left by killed writers is tested in test_temp_folders.py)."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
-
-from compiler.writer import STALE_SECONDS, sweep_stale_temps, write_artifact
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,24 +47,3 @@ def test_sigterm_during_a_write_removes_the_temporary_folder(tmp_path):
     finally:
         proc.kill()
     assert hidden(tmp_path) == [] and not out.exists()
-
-
-def dead_pid() -> int:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
-    return proc.pid
-
-
-def test_the_next_write_sweeps_folders_of_killed_writers(tmp_path, make_mlp):
-    dead = tmp_path / f".a.dz.{dead_pid()}-0123abcd.tmp"
-    live = tmp_path / f".b.dz.{os.getpid()}-0123abcd.tmp"
-    old = tmp_path / ".c.dz.89abcdef.tmp"  # no pid (an older dayzero): judged by its age
-    young = tmp_path / ".d.dz.89abcdef.tmp"
-    other = tmp_path / ".e.dz.dead-beef.tmp"  # not a name the writer makes
-    for path in (dead, live, old, young, other):
-        (path / "weights").mkdir(parents=True)
-    past = time.time() - STALE_SECONDS - 60
-    os.utime(old, (past, past))
-    write_artifact(tmp_path / "m.dz", make_mlp(), "reference")
-    assert hidden(tmp_path) == sorted([live.name, young.name, other.name])
-    assert sweep_stale_temps(tmp_path) == []

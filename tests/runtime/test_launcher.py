@@ -18,7 +18,8 @@ import pytest
 import runtime
 import runtime.distributed as dist_runtime
 from compiler.errors import DayzeroError
-from runtime.distributed import _launch_error, sweep_run_dirs
+from runtime.distributed import RUN_DIR_PURPOSE, _launch_error, sweep_run_dirs
+from runtime.stale_dirs import MARKER, mark, read_marker
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -69,14 +70,19 @@ def dead_pid() -> int:
 
 
 def test_run_folders_of_dead_launchers_are_swept(tmp_path):
-    dead = tmp_path / f"dayzero-run-{dead_pid()}-abc123"
+    """Only marked folders whose launcher is gone; an unmarked one is not ours, however old
+    (more cases in test_temp_folders.py)."""
+    pid = dead_pid()
+    dead = tmp_path / f"dayzero-run-{pid}-abc123"
     live = tmp_path / f"dayzero-run-{os.getpid()}-abc123"
-    old, young = tmp_path / "dayzero-run-k2j3h4", tmp_path / "dayzero-run-zz9y8x"
-    for path in (dead, live, old, young):
+    old = tmp_path / f"dayzero-run-{pid}-k2j3h4"
+    for path in (dead, live, old):
         path.mkdir()
+    mark(live, RUN_DIR_PURPOSE)
+    (dead / MARKER).write_text(json.dumps({**read_marker(live), "pid": pid, "start": None}))
     os.utime(old, (time.time() - 7200,) * 2)
-    assert sorted(sweep_run_dirs(tmp_path)) == sorted([dead, old])
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, young.name])
+    assert sweep_run_dirs(tmp_path) == [dead]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, old.name])
 
 
 def fake_partitioned(tmp_path) -> Path:
