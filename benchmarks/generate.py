@@ -261,6 +261,7 @@ def _run_transformers(path: str, ids: list[list[int]], new: int):
 
 
 def _run_genai(path: str, ids: list[list[int]], new: int):
+    os.environ["ORT_DISABLE_TELEMETRY"] = "1"  # before GenAI loads onnxruntime
     import onnxruntime_genai as og
 
     model = _LOADED.get(path) or og.Model(path)

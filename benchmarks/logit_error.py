@@ -8,6 +8,7 @@ GenAI hands back only those); transformers' eager fp32 forward is the reference.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +51,7 @@ def _dayzero(path: str, ids: list[int]) -> np.ndarray:
 
 
 def _genai(path: str, ids: list[int]) -> np.ndarray:
+    os.environ["ORT_DISABLE_TELEMETRY"] = "1"  # before GenAI loads onnxruntime
     import onnxruntime_genai as og
 
     model = _cached(path, lambda: og.Model(path))

@@ -581,6 +581,7 @@ def static_transformers(folder: Path, requests: list[Req], size: int) -> float:
 
 def static_genai(path: Path, requests: list[Req], size: int) -> float:
     import numpy as np
+    os.environ["ORT_DISABLE_TELEMETRY"] = "1"  # before GenAI loads onnxruntime
     import onnxruntime_genai as og
 
     model = og.Model(str(path))
@@ -705,6 +706,7 @@ def compare_static(args, folder: Path, gen, requests: list[Req], continuous: dic
 
 
 def _genai(folder: Path, gen, requests: list[Req], size: int) -> float:
+    os.environ["ORT_DISABLE_TELEMETRY"] = "1"  # before GenAI loads onnxruntime
     import onnxruntime_genai  # noqa: F401 - skip the build when it cannot run
 
     out = folder.parent / f"genai-fp32-{folder.name.rsplit('-', 1)[-1]}"

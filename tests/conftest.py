@@ -8,7 +8,11 @@ import tomllib
 from collections import defaultdict
 from pathlib import Path
 
-import torch
+# test modules import onnxruntime directly: its telemetry must be off before the first import
+# (backends/onnxruntime/ort_module.py), or test runs write into the developer's HOME
+os.environ["ORT_DISABLE_TELEMETRY"] = "1"
+
+import torch  # noqa: E402
 
 # Triton kernels run in Triton's interpreter without CUDA. The choice must be made before anything
 # imports triton (torch.export and transformers do), so it is made here, before any test module.

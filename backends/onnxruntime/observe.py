@@ -14,14 +14,15 @@ Debug path only: it needs the onnx package (the plain load path does not).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from compiler.ir import DType, parse_ir
 
 from .builder import ONNX_DTYPES
-from .inspection import read_record
+from .inspection import RECORD, read_record, record_name
 from .lower import WIDE_IO
-from .session import SessionConfig, create_session
+from .session import SessionConfig, clamped_threads, create_session
 
 _WIDE_ONNX = {ONNX_DTYPES[d] for d in WIDE_IO}
 
@@ -67,7 +68,9 @@ def observer(artifact, values: Sequence[str], model_file: str,
         graph.output.append(helper.make_tensor_value_info(source, elem, None))
         observed.append(name)
     record = read_record(artifact)
-    config = SessionConfig.from_options(record.get("session"))
+    where = f"{record_name(artifact, Path(artifact.payload_path(RECORD)))}: session"
+    config = SessionConfig.from_options(clamped_threads(record["session"], where),
+                                        where)
     settings = config.overridden(session, "session").resolve()
     ort_session = create_session(model.SerializeToString(), settings, artifact.root)
     return OrtObserver(OrtExecutable(ort_session, record, settings), len(outputs), observed)

@@ -247,3 +247,19 @@ def test_a_compile_option_beyond_any_machine_is_refused(tmp_path):
                          backend_options={"onnxruntime": {"session": {
                              "intra_op_threads": MAX_THREADS + 1}}})
     assert not (tmp_path / "m.dz").exists()
+
+
+def test_align_observes_with_recorded_threads_clamped(compiled, good_record, tmp_path):
+    """`dayzero align` makes its own session (backends/onnxruntime/observe.py): the recorded
+    thread counts are clamped there too, not handed to ONNX Runtime as they are."""
+    from backends.onnxruntime import OnnxRuntimeBackend
+    from runtime.artifact import open_artifact
+
+    out = with_record(compiled, tmp_path, edited(good_record, "session.intra_op_threads", 5000))
+    artifact = open_artifact(out)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        watcher = OnnxRuntimeBackend().observe(artifact, [])
+    assert any(w.category is ThreadsClampedWarning for w in caught)
+    options = watcher.executable.session.get_session_options()
+    assert options.intra_op_num_threads == affinity_cpus()
