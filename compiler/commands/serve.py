@@ -31,6 +31,9 @@ def add_parser(sub) -> None:
                    help="KV cache size, e.g. 512MiB (default: as compiled)")
     p.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
                    help="seconds in-flight requests get to finish after SIGTERM")
+    p.add_argument("--body-timeout", type=float, default=30.0, metavar="S",
+                   help="seconds a client gets to send a request's body (408 after them); "
+                        "bodies are at most 16 MiB (413)")
     p.add_argument("--nproc", type=int, default=1, metavar="N",
                    help="ranks of a tensor-parallel artifact (its parallel.tensor_parallel); "
                         "this process is rank 0 and starts the others")
@@ -66,7 +69,8 @@ def serve_command(args) -> int:
     name = args.model_name or Path(args.artifact).resolve().name
     return serve(model, name, host=args.host, port=args.port,
                  max_batch_tokens=args.max_batch_tokens, max_queue=args.max_queue,
-                 drain_timeout=args.drain_timeout, log_level=args.log_level)
+                 drain_timeout=args.drain_timeout, log_level=args.log_level,
+                 body_timeout=args.body_timeout)
 
 
 def _check_ranks(args) -> None:
@@ -96,6 +100,9 @@ def _check_args(args) -> None:
     if args.port > 65535:
         raise DayzeroError(f"--port {args.port} is not a TCP port", "--port",
                            "pass a port in 0..65535")
+    if not args.body_timeout > 0:
+        raise DayzeroError(f"--body-timeout {args.body_timeout} is not a positive number of "
+                           "seconds", "--body-timeout", "pass e.g. --body-timeout 30")
     if args.drain_timeout < 0:
         raise DayzeroError(f"--drain-timeout {args.drain_timeout} is negative",
                            "--drain-timeout", "pass a number of seconds >= 0")

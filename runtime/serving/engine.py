@@ -9,10 +9,16 @@ sleeps on the inbox. A cancelled request (a client gone, a drain's deadline) fre
 at the next turn of the loop, before the next step.
 
 Admission is counted under a lock on the caller's side, so a full queue is refused at once
-(429): `queued` counts requests admitted and still waiting for their first token, `active`
-those not yet ended. Before taking requests the thread allocates the KV cache and warms the
-model with a one-token generation; `ready` is set after it (the health check answers 200 from
-then on, and requests are read only from then on: their checks need the cache's size).
+(429): `reading` counts requests whose body is being read and checked (off the event loop: a
+chat template, a tokenizer), `queued` those admitted and still waiting for their first token,
+`active` those not yet ended. A drain waits for the ones being read too: a request that
+arrived before SIGTERM is admitted when its checks end, until the drain's deadline `close`s the
+engine. A sequence the model fails (NaN or +inf logits: an event with `error`) ends alone with
+finish_reason "error"; the others of its step go on.
+
+Before taking requests the thread allocates the KV cache and warms the model with a one-token
+generation; `ready` is set after it (the health check answers 200 from then on, and requests
+are read only from then on: their checks need the cache's size).
 """
 
 from __future__ import annotations
@@ -85,10 +91,12 @@ class Engine:
         self.scheduler: Scheduler | None = None  # made on the engine thread (the KV pool)
         self.inbox: queue.Queue = queue.Queue()
         self.jobs: dict[int, Job] = {}  # id(sequence) -> job; the engine thread's own
-        self.lock = threading.Lock()  # guards queued, active, draining
+        self.lock = threading.Lock()  # guards reading, queued, active, draining, closed
+        self.reading = 0
         self.queued = 0
         self.active = 0
         self.draining = False
+        self.closed = False  # past the drain's deadline: nothing more is admitted
         self.ready = threading.Event()
         self.failure: str | None = None
         # told when the warm-up fails: a server that can never answer stops, with the reason
@@ -103,10 +111,29 @@ class Engine:
     def start(self) -> None:
         self.thread.start()
 
-    def submit(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> Job:
-        """Admit `request`, or raise QueueFull / NotAccepting."""
+    def open_request(self) -> None:
+        """A request is about to be read and checked: raises NotAccepting unless the engine
+        takes requests; else counted in `reading` until `submit(..., opened=True)` or
+        `close_request`."""
         with self.lock:
-            if self.draining or not self.ready.is_set():
+            if self.draining or not self.ready.is_set() or self.failure is not None:
+                raise NotAccepting(self.state)
+            self.reading += 1
+
+    def close_request(self) -> None:
+        """An opened request was refused while it was read."""
+        with self.lock:
+            self.reading -= 1
+
+    def submit(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop,
+               opened: bool = False) -> Job:
+        """Admit `request`, or raise QueueFull / NotAccepting. `opened`: it was counted by
+        `open_request` (before a drain began), so a drain still admits it."""
+        with self.lock:
+            if opened:
+                self.reading -= 1
+            if (self.draining and not opened) or self.closed or not self.ready.is_set() \
+                    or self.failure is not None:
                 raise NotAccepting(self.state)
             if self.queued >= self.max_queue:
                 raise QueueFull(f"{self.queued} requests are waiting for their first token "
@@ -134,14 +161,19 @@ class Engine:
         with self.lock:
             self.draining = True
 
+    def close(self) -> None:
+        """The drain's deadline: admit nothing more, not even requests read before it."""
+        with self.lock:
+            self.draining = self.closed = True
+
     def wait_idle(self, timeout: float) -> bool:
-        """Whether every admitted request ended within `timeout` seconds."""
+        """Whether every request read or admitted ended within `timeout` seconds."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.active == 0:
+            if self.active == 0 and self.reading == 0:
                 return True
             time.sleep(0.02)
-        return self.active == 0
+        return self.active == 0 and self.reading == 0
 
     def stop(self, timeout: float = 10.0) -> None:
         self.inbox.put(("stop", None))
@@ -257,6 +289,12 @@ class Engine:
         if job is None:  # the warm-up sequence
             return
         sequence = event.sequence
+        error = getattr(event, "error", None)
+        if error is not None:  # the model gave this sequence NaN or +inf logits: it ends here
+            if not sequence.finished:
+                self.scheduler.cancel(sequence)
+            self._end(job, Delta(job.text.flush(), [], "error", error))
+            return
         self.metrics.generated_tokens.inc()
         if job.first_token is None:
             job.first_token = now

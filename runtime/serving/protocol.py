@@ -5,36 +5,40 @@ Everything a client can get wrong is a `ProtocolError`: HTTP 400 with a message 
 client sends fails later on the engine thread. Fields the server does not act on (`user`,
 `frequency_penalty`, ...) are accepted and ignored, as OpenAI-compatible servers do; fields whose
 meaning it cannot honour (`n` > 1, `echo`, `logprobs`, an image for a text-only model) are
-refused. Chat messages of an image-text model may hold `image_url` parts (base64 data URLs of
-PNG or JPEG images: the server fetches nothing); each image is decoded and run through the
-vision encoder here, after the expanded prompt's length was checked against the context and
-the KV cache, so the engine receives the features with the request.
+refused.
+
+The checks run cheapest first, and every field is checked before any work is done: the body's
+strings and nesting (bounds.py), the model, the options (sampling, stop, stream, max_tokens'
+type), the prompt's length in characters or token ids against the context, and only then the
+tokenizer or the chat template (chat.py), whose failures are 400s too. `read_request` does it
+all from the raw bytes; the server runs it on a worker thread, never on the event loop. Chat
+messages of an image-text model may hold `image_url` parts; each image is run through the
+vision encoder after the expanded prompt's length was checked against the context and the KV
+cache, so the engine receives the features with the request.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
 
-from compiler.errors import DayzeroError
+import numpy as np
 
 from ..sampling import SamplingParams
+from .bounds import check_chars, check_text, prompt_char_limit
+from .chat import chat_ids, image_rows
+from .errors import ProtocolError, guarded
+
+__all__ = ["GenerationRequest", "ProtocolError", "greedy_temperature", "parse_request",
+           "read_request"]
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-
-
-class ProtocolError(Exception):
-    """A request the server refuses: `status` (400 unless said), the `field` at fault, why."""
-
-    def __init__(self, field: str | None, message: str, status: int = 400,
-                 kind: str = "invalid_request_error"):
-        super().__init__(message)
-        self.field, self.message, self.status, self.kind = field, message, status, kind
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.field,
-                          "code": None}}
+MAX_STOPS = 4
+# The smallest positive normal float64. Below it (a subnormal), 1 / temperature overflows and
+# logits / temperature is +-inf or NaN for every logit: such a temperature can only mean greedy.
+_TINY = float(np.finfo(np.float64).tiny)
 
 
 @dataclass
@@ -50,49 +54,71 @@ class GenerationRequest:
     images: Any = None  # runtime.generation.vision.ImageRows of the prompt's image tokens
 
 
-def parse_request(body: Any, chat: bool, model_name: str, model) -> GenerationRequest:
-    """`body` (decoded JSON) of /v1/chat/completions (`chat`) or /v1/completions, checked
-    against the served `model` (a GenerationModel)."""
+@dataclass
+class _Options:
+    """The request's fields besides the prompt, checked before the prompt is read."""
+    max_tokens_field: str
+    max_tokens: int | None  # None: the default (OpenAI's 16 for completions, the room for chat)
+    sampling: SamplingParams
+    stop: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+
+
+def read_request(raw: bytes, chat: bool, model_name: str, model,
+                 max_chars: int | None = None) -> GenerationRequest:
+    """The raw body of /v1/chat/completions (`chat`) or /v1/completions, decoded and checked."""
+    return parse_request(decode_body(raw), chat, model_name, model, max_chars)
+
+
+def decode_body(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise ProtocolError("body", f"the request body is not valid JSON: "
+                            f"{str(exc)[:120]}") from None
+
+
+def parse_request(body: Any, chat: bool, model_name: str, model,
+                  max_chars: int | None = None) -> GenerationRequest:
+    """`body` (decoded JSON) checked against the served `model` (a GenerationModel).
+    `max_chars`: the most characters a prompt may hold (bounds.prompt_char_limit, computed
+    here when not given)."""
     if not isinstance(body, dict):
         raise ProtocolError("body", "the request body must be a JSON object")
-    name = body.get("model")
+    check_text(body)
+    _check_model(body.get("model"), model_name)
+    _refuse_unsupported(body)
+    tokenizer = model.tokenizer
+    limit = prompt_char_limit(model) if max_chars is None else max_chars
+    options = _options(body, chat, tokenizer, limit)
+    spec = model.spec
+    prompt_field = "messages" if chat else "prompt"
+    vision = getattr(model, "vision", None)
+    images: list[tuple[bytes, str]] = []
+    if chat:
+        ids = chat_ids(body.get("messages"), tokenizer, vision, images, limit,
+                       spec.max_positions)
+    else:
+        ids = _prompt_ids(body.get("prompt"), tokenizer, limit, spec.max_positions)
+    max_tokens = _fit(ids, prompt_field, options, chat, spec, model.runner.allocator)
+    rows = image_rows(vision, ids, images, prompt_field)  # after the cheap checks
+    return GenerationRequest(chat, ids, max_tokens, options.sampling, options.stop,
+                             options.stream, options.include_usage, rows)
+
+
+def _check_model(name: Any, model_name: str) -> None:
     if not isinstance(name, str):
         raise ProtocolError("model", "model must be a string naming the served model "
                             f"('{model_name}')")
     if name != model_name:
-        raise ProtocolError("model", f"model '{name[:100]}' is not served here; this server "
+        raise ProtocolError("model", f"model {_show(name)} is not served here; this server "
                             f"serves '{model_name}'")
-    _refuse_unsupported(body)
-    tokenizer = model.tokenizer
-    prompt_field = "messages" if chat else "prompt"
-    vision = getattr(model, "vision", None)
-    images: list[tuple[bytes, str]] = []
-    ids = _chat_ids(body.get("messages"), tokenizer, vision, images) if chat \
-        else _prompt_ids(body.get("prompt"), tokenizer)
-    spec = model.spec
-    bad = [t for t in ids if not 0 <= t < spec.vocab_size]
-    if bad:
-        raise ProtocolError(prompt_field, f"token id {bad[0]} is outside the vocabulary "
-                            f"[0, {spec.vocab_size})")
-    if len(ids) >= spec.max_positions:
-        raise ProtocolError(prompt_field, f"the prompt has {len(ids)} tokens; the model's "
-                            f"context is {spec.max_positions} positions, and at least one must "
-                            "stay for a new token")
-    allocator = model.runner.allocator
-    cache_tokens = allocator.num_blocks * allocator.block_size
-    if len(ids) >= cache_tokens:
-        raise ProtocolError(prompt_field, f"the prompt has {len(ids)} tokens; the KV cache holds "
-                            f"{cache_tokens}")
-    room = min(spec.max_positions, cache_tokens) - len(ids)
-    field, max_tokens = _max_tokens(body, chat, room)
-    if len(ids) + max_tokens > spec.max_positions:
-        raise ProtocolError(field, f"a prompt of {len(ids)} tokens plus {max_tokens} new ones "
-                            f"exceeds the model's context of {spec.max_positions} positions")
-    if allocator.blocks_needed(len(ids) + max_tokens) > allocator.num_blocks:
-        raise ProtocolError(field, f"{len(ids) + max_tokens} tokens do not fit the KV cache "
-                            f"({cache_tokens} tokens)")
-    rows = _image_rows(vision, ids, images, prompt_field)  # after the cheap checks
-    stop = _stop(body.get("stop"))
+
+
+def _options(body: dict, chat: bool, tokenizer, max_chars: int) -> _Options:
+    field, max_tokens = _max_tokens(body, chat)
+    stop = _stop(body.get("stop"), max_chars)
     if stop and tokenizer is None:
         raise ProtocolError("stop", "stop strings need the artifact's tokenizer, and this "
                             "artifact carries none")
@@ -101,8 +127,36 @@ def parse_request(body: Any, chat: bool, model_name: str, model) -> GenerationRe
     if options is not None and not isinstance(options, dict):
         raise ProtocolError("stream_options", "stream_options must be an object or null")
     include_usage = _optional(options or {}, "include_usage", bool, False, "stream_options.")
-    return GenerationRequest(chat, ids, max_tokens, _sampling(body), stop, stream,
-                             include_usage, rows)
+    return _Options(field, max_tokens, _sampling(body), stop, stream, include_usage)
+
+
+def _fit(ids: list[int], prompt_field: str, options: _Options, chat: bool, spec,
+         allocator) -> int:
+    """The prompt's ids in the vocabulary, it and the tokens to generate within the context
+    and the KV cache; the number of tokens to generate."""
+    bad = next((t for t in ids if not 0 <= t < spec.vocab_size), None)
+    if bad is not None:
+        raise ProtocolError(prompt_field, f"token id {bad} is outside the vocabulary "
+                            f"[0, {spec.vocab_size})")
+    if len(ids) >= spec.max_positions:
+        raise ProtocolError(prompt_field, f"the prompt has {len(ids)} tokens; the model's "
+                            f"context is {spec.max_positions} positions, and at least one must "
+                            "stay for a new token")
+    cache_tokens = allocator.num_blocks * allocator.block_size
+    if len(ids) >= cache_tokens:
+        raise ProtocolError(prompt_field, f"the prompt has {len(ids)} tokens; the KV cache holds "
+                            f"{cache_tokens}")
+    room = min(spec.max_positions, cache_tokens) - len(ids)
+    field, max_tokens = options.max_tokens_field, options.max_tokens
+    if max_tokens is None:
+        max_tokens = room if chat else min(COMPLETION_DEFAULT_MAX_TOKENS, room)
+    if len(ids) + max_tokens > spec.max_positions:
+        raise ProtocolError(field, f"a prompt of {len(ids)} tokens plus {max_tokens} new ones "
+                            f"exceeds the model's context of {spec.max_positions} positions")
+    if allocator.blocks_needed(len(ids) + max_tokens) > allocator.num_blocks:
+        raise ProtocolError(field, f"{len(ids) + max_tokens} tokens do not fit the KV cache "
+                            f"({cache_tokens} tokens)")
+    return max_tokens
 
 
 def _refuse_unsupported(body: dict) -> None:
@@ -119,7 +173,9 @@ def _refuse_unsupported(body: dict) -> None:
         raise ProtocolError("logprobs", "logprobs are not supported")
 
 
-def _prompt_ids(prompt: Any, tokenizer) -> list[int]:
+def _prompt_ids(prompt: Any, tokenizer, limit: int, positions: int) -> list[int]:
+    """The prompt's token ids: a string tokenized (after its length in characters was found
+    to fit), or token ids (counted before they are read)."""
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one prompt
     if isinstance(prompt, str):
@@ -128,117 +184,43 @@ def _prompt_ids(prompt: Any, tokenizer) -> list[int]:
                                 "as a list of token ids")
         if not prompt:
             raise ProtocolError("prompt", "the prompt is empty")
-        ids = tokenizer.encode(prompt)
+        check_chars(len(prompt), limit, "prompt", positions)
+        ids = guarded(lambda: tokenizer.encode(prompt), "prompt", "the artifact's tokenizer")
         if not ids:
             raise ProtocolError("prompt", "the prompt encodes to no tokens")
         return ids
-    if isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+    if isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt[:positions]):
+        if len(prompt) >= positions:
+            raise ProtocolError("prompt", f"the prompt has {len(prompt)} tokens; the model's "
+                                f"context is {positions} positions, and at least one must "
+                                "stay for a new token")
         return [int(t) for t in prompt]
-    if isinstance(prompt, list) and len(prompt) > 1:
+    if isinstance(prompt, list) and len(prompt) > 1 and any(isinstance(p, (str, list))
+                                                            for p in prompt[:2]):
         raise ProtocolError("prompt", "one prompt per request: a list of prompts is not "
                             "supported")
     raise ProtocolError("prompt", "prompt must be a non-empty string or a non-empty list of "
                         "integer token ids")
 
 
-def _chat_ids(messages: Any, tokenizer, vision, images: list[tuple[bytes, str]]) -> list[int]:
-    """The rendered prompt (image tokens expanded for an image-text model); each image's bytes
-    and field go to `images`."""
-    if tokenizer is None:
-        raise ProtocolError("messages", "this artifact carries no tokenizer, so no chat "
-                            "template: use /v1/completions with token ids")
-    if not tokenizer.chat_template:
-        raise ProtocolError("messages", "the artifact's tokenizer has no chat template: use "
-                            "/v1/completions, or compile from a checkpoint whose "
-                            "tokenizer_config.json has a chat_template")
-    if not isinstance(messages, list) or not messages:
-        raise ProtocolError("messages", "messages must be a non-empty list of "
-                            "{'role': ..., 'content': ...}")
-    plain = []
-    for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise ProtocolError(where, f"{where} must be an object with role and content")
-        role = message.get("role")
-        if not isinstance(role, str) or not role:
-            raise ProtocolError(f"{where}.role", f"{where}.role must be a non-empty string")
-        plain.append({"role": role, "content": _content(message.get("content"),
-                                                        f"{where}.content", vision, images)})
-    try:
-        ids = tokenizer.chat_ids(plain)
-    except DayzeroError as exc:  # the template refused the messages (raise_exception)
-        raise ProtocolError("messages", exc.what) from None
-    if not ids:
-        raise ProtocolError("messages", "the messages render to no tokens")
-    return vision.expand(ids) if vision is not None else ids
-
-
-def _content(content: Any, where: str, vision, images: list[tuple[bytes, str]]) -> Any:
-    """A message's content for the chat template: a string, or (with images) the parts as
-    templates see them, {'type': 'text', 'text': ...} and {'type': 'image'}."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise ProtocolError(where, f"{where} must be a string or a list of content parts")
-    parts = []
-    for j, part in enumerate(content):
-        field = f"{where}[{j}]"
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "text" and isinstance(part.get("text"), str):
-            parts.append({"type": "text", "text": part["text"]})
-        elif kind == "image_url" and vision is None:
-            raise ProtocolError(field, f"{field} is an image, and this model is text-only: "
-                                "send text parts only")
-        elif kind == "image_url":
-            url = part.get("image_url")
-            url = url.get("url") if isinstance(url, dict) else None
-            images.append((_data_url(url, f"{field}.image_url.url"), f"{field}.image_url"))
-            parts.append({"type": "image"})
-        else:
-            raise ProtocolError(field, f"{field} is not a text part ({{'type': 'text', 'text': "
-                                f"...}})" + (" or an image_url part" if vision else ""))
-    if any(p["type"] == "image" for p in parts):
-        return parts
-    return "".join(p["text"] for p in parts)
-
-
-def _data_url(url: Any, field: str) -> bytes:
-    from ..generation.vision import decode_data_url
-
-    try:
-        return decode_data_url(url, field)
-    except DayzeroError as exc:
-        raise ProtocolError(field, exc.what) from None
-
-
-def _image_rows(vision, ids: list[int], images: list[tuple[bytes, str]], prompt_field: str):
-    """The features of the request's images at its image tokens (vision encoder once per
-    image); an image that does not decode is a 400 naming its part."""
-    if vision is None:
-        return None
-    features = []
-    for data, field in images:
-        try:
-            features.extend(vision.features([data], field))
-        except DayzeroError as exc:
-            raise ProtocolError(field, exc.what) from None
-    try:
-        return vision.place([ids], features, prompt_field)[0]
-    except DayzeroError as exc:
-        raise ProtocolError(prompt_field, exc.what) from None
-
-
-def _max_tokens(body: dict, chat: bool, room: int) -> tuple[str, int]:
+def _max_tokens(body: dict, chat: bool) -> tuple[str, int | None]:
     """The field that says how many tokens to generate (chat's newer name first) and its
-    value; without one, OpenAI's 16 for completions, all the room left for chat."""
+    value (None: not given)."""
     field = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None \
         else "max_tokens"
     value = body.get(field)
     if value is None:
-        return field, min(COMPLETION_DEFAULT_MAX_TOKENS, room) if not chat else room
+        return field, None
     if not _is_int(value) or value < 1:
         raise ProtocolError(field, f"{field}={_show(value)} is not a positive integer")
     return field, int(value)
+
+
+def greedy_temperature(temperature: float) -> bool:
+    """Whether sampling at `temperature` (>= 0) means greedy: at 0, as OpenAI defines it, and
+    below the smallest normal float64, where 1 / temperature overflows and dividing logits by
+    it would give +-inf (or NaN) for every logit, not a distribution."""
+    return temperature < _TINY
 
 
 def _sampling(body: dict) -> SamplingParams:
@@ -251,20 +233,25 @@ def _sampling(body: dict) -> SamplingParams:
         raise ProtocolError("top_p", f"top_p={top_p} is not in (0, 1]")
     if seed is not None and (not _is_int(seed) or not 0 <= seed < 2**63):
         raise ProtocolError("seed", f"seed={_show(seed)} is not an integer in [0, 2**63)")
-    if temperature == 0:  # OpenAI's greedy
+    if greedy_temperature(temperature):
         return SamplingParams(seed=seed)
     return SamplingParams(do_sample=True, temperature=temperature,
                           top_p=top_p if top_p < 1 else None, seed=seed)
 
 
-def _stop(stop: Any) -> tuple[str, ...]:
+def _stop(stop: Any, max_chars: int) -> tuple[str, ...]:
     if stop is None:
         return ()
     stops = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, list) or len(stops) > 4 \
+    if not isinstance(stops, list) or len(stops) > MAX_STOPS \
             or not all(isinstance(s, str) and s for s in stops):
-        raise ProtocolError("stop", "stop must be a non-empty string or a list of at most 4 "
-                            "non-empty strings")
+        raise ProtocolError("stop", f"stop must be a non-empty string or a list of at most "
+                            f"{MAX_STOPS} non-empty strings")
+    for i, s in enumerate(stops):
+        if len(s) > max_chars:
+            field = "stop" if isinstance(stop, str) else f"stop[{i}]"
+            raise ProtocolError(field, f"{field} has {len(s)} characters, more than the model "
+                                f"can generate ({max_chars}): it can never match")
     return tuple(stops)
 
 
@@ -274,7 +261,7 @@ def _number(body: dict, field: str, default: float) -> float:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) \
             or not -1e300 < value < 1e300 or not math.isfinite(value):
-        raise ProtocolError(field, f"{field}={_show(value)} is not a number")
+        raise ProtocolError(field, f"{field}={_show(value)} is not a finite number")
     return float(value)
 
 
@@ -292,5 +279,5 @@ def _is_int(value: Any) -> bool:
 
 
 def _show(value: Any) -> str:
-    text = repr(value)
+    text = repr(value) if not isinstance(value, str) else ascii(value[:80])
     return text if len(text) <= 60 else text[:57] + "..."

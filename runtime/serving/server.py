@@ -1,9 +1,12 @@
 """Running the server: uvicorn on one event loop, the engine on its own thread, and a drain.
 
 SIGTERM (or Ctrl-C) starts a drain instead of uvicorn's immediate stop: the engine admits
-nothing more and /health answers 503, the requests in flight run to their end for up to
-`drain_timeout` seconds, whatever is left is cancelled (its blocks freed, its streams closed),
-then uvicorn shuts down and the process exits 0. A second signal stops at once.
+nothing new and /health answers 503, the requests in flight (those being read and checked
+too: a chat template rendering, a prompt being tokenized) run to their end for up to
+`drain_timeout` seconds, then whatever is left is cancelled (its blocks freed, its streams
+closed) and the requests still being read are answered 503 (their worker threads are daemons
+and are not waited for), uvicorn shuts down and the process exits 0. A second signal stops at
+once.
 
 A tensor-parallel model (runtime/generation/ranks.py) reports a rank that died: /health
 answers 503 with the error at once, every request ends with it, and after `FAIL_EXIT_S` the
@@ -21,8 +24,10 @@ import uvicorn
 from compiler.errors import DayzeroError
 
 from .app import create_app
-from .engine import Engine
+from .engine import Engine, NotAccepting
+from .limits import BODY_TIMEOUT_S
 from .metrics import Metrics
+from .workers import Workers
 
 log = logging.getLogger("dayzero.serve")
 FAIL_EXIT_S = 1.0  # a failed model's 503s are seen this long before the server stops
@@ -30,11 +35,13 @@ FAIL_EXIT_S = 1.0  # a failed model's 503s are seen this long before the server 
 
 def serve(model, model_name: str, host: str = "127.0.0.1", port: int = 8000,
           max_batch_tokens: int | None = None, max_queue: int = 64,
-          drain_timeout: float = 30.0, log_level: str = "info") -> int:
+          drain_timeout: float = 30.0, log_level: str = "info",
+          body_timeout: float = BODY_TIMEOUT_S) -> int:
     """Serve `model` (a GenerationModel) until a signal drains it; the exit status."""
     metrics = Metrics()
     engine = Engine(model, metrics, max_batch_tokens, max_queue)
-    app = create_app(model, model_name, engine, metrics)
+    workers = Workers()
+    app = create_app(model, model_name, engine, metrics, workers, body_timeout=body_timeout)
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -47,7 +54,7 @@ def serve(model, model_name: str, host: str = "127.0.0.1", port: int = 8000,
     app.router.lifespan_context = lifespan
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
                             timeout_graceful_shutdown=5)
-    server = _DrainingServer(config, engine, drain_timeout)
+    server = _DrainingServer(config, engine, workers, drain_timeout)
     _log_like_uvicorn(log_level)
     engine.on_failure = server.fail
     on_failure = getattr(model, "on_failure", None)
@@ -77,9 +84,10 @@ def _log_like_uvicorn(level: str) -> None:
 
 
 class _DrainingServer(uvicorn.Server):
-    def __init__(self, config, engine: Engine, drain_timeout: float):
+    def __init__(self, config, engine: Engine, workers: Workers, drain_timeout: float):
         super().__init__(config)
         self.engine = engine
+        self.workers = workers
         self.drain_timeout = drain_timeout
         self._draining = False
         self.failure: str | None = None
@@ -91,6 +99,7 @@ class _DrainingServer(uvicorn.Server):
         self.engine.failure = message
         self.engine.begin_drain()
         self.engine.cancel_all()
+        self.workers.abandon(lambda: NotAccepting("failed"))
         log.error("%s; stopping the server", message)
         timer = threading.Timer(FAIL_EXIT_S, self._stop_now)
         timer.daemon = True
@@ -107,13 +116,16 @@ class _DrainingServer(uvicorn.Server):
             return
         self._draining = True
         self.engine.begin_drain()
-        log.info("draining: finishing %d request(s) for up to %.0f s", self.engine.active,
-                 self.drain_timeout)
+        log.info("draining: finishing %d request(s) for up to %.0f s",
+                 self.engine.active + self.engine.reading, self.drain_timeout)
         threading.Thread(target=self._drain, name="dayzero-drain", daemon=True).start()
 
     def _drain(self) -> None:
         if not self.engine.wait_idle(self.drain_timeout):
-            log.warning("drain timeout: cancelling %d request(s)", self.engine.active)
+            log.warning("drain timeout: cancelling %d request(s)",
+                        self.engine.active + self.engine.reading)
+            self.engine.close()
             self.engine.cancel_all()
+            self.workers.abandon(lambda: NotAccepting("draining"))
             self.engine.wait_idle(2.0)
         self.should_exit = True

@@ -24,7 +24,9 @@ class TextStream:
         if self.tokenizer is None or self.stopped:
             return ""
         text = self.tokenizer.decode(self.tokens)
-        cut = min((i for i in (text.find(s) for s in self.stop) if i >= 0), default=-1)
+        # text handed out was searched when it was new: a stop string can only end after it
+        cut = min((i for i in (text.find(s, max(0, self.sent - len(s) + 1)) for s in self.stop)
+                   if i >= 0), default=-1)
         if cut >= 0:
             self.stopped = True
             return self._take(text, cut)
@@ -40,9 +42,18 @@ class TextStream:
         return self._take(text, len(text))
 
     def _held(self, text: str) -> int:
-        """Length of the longest tail of `text` that begins some stop string."""
-        return max((k for s in self.stop for k in range(min(len(s) - 1, len(text)), 0, -1)
-                    if text.endswith(s[:k])), default=0)
+        """Length of the longest tail of `text` that begins some stop string (shorter than
+        it). Only the tails starting with the stop string's first character are tried, longest
+        first, so the cost is about the stop string's length, not its square."""
+        held = 0
+        for stop in self.stop:
+            end = len(text) - held  # a tail starting at or after it is no longer
+            i = text.find(stop[0], max(0, len(text) - len(stop) + 1), end)
+            while i >= 0 and not stop.startswith(text[i:]):
+                i = text.find(stop[0], i + 1, end)
+            if i >= 0:
+                held = len(text) - i
+        return held
 
     def _take(self, text: str, end: int) -> str:
         if end <= self.sent:

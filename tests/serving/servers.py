@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -18,17 +19,21 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class Server:
-    def __init__(self, artifact: Path, log: Path, *extra: str):
+    def __init__(self, artifact: Path, log: Path, *extra: str, prelude: str = "",
+                 env: dict[str, str] | None = None):
+        """`prelude`: Python run in the server process before the CLI (a test double's
+        import); `env`: variables added to its environment."""
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
-        command = [sys.executable, "-c", "import sys; from compiler.cli import main; "
-                   "sys.exit(main(sys.argv[1:]))", "serve", str(artifact), "--port",
+        command = [sys.executable, "-c", prelude + "\nimport sys; from compiler.cli import "
+                   "main; sys.exit(main(sys.argv[1:]))", "serve", str(artifact), "--port",
                    str(self.port), "--kv-cache-memory", KV_CACHE, "--log-level", "warning",
                    *extra]
         with open(log, "wb") as out:
             self.process = subprocess.Popen(command, cwd=ROOT, stdout=out,
-                                            stderr=subprocess.STDOUT)
+                                            stderr=subprocess.STDOUT,
+                                            env={**os.environ, **(env or {})})
         try:
             self.wait_healthy()
         except AssertionError:  # a server that never got healthy is not left running
