@@ -102,8 +102,10 @@ class ArtifactTokenizer:
     def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
         size = f"{len(text)} characters" if isinstance(text, str) else \
             f"a {type(text).__name__}"
-        return self._call(f"encoding a text of {size}", lambda: self.tokenizer.encode(
-            text, add_special_tokens=add_special_tokens).ids)
+        # encode_batch, not encode: encode holds the GIL for the whole call (seconds for a long
+        # prompt), so a server's other threads and its event loop would stop with it
+        return self._call(f"encoding a text of {size}", lambda: self.tokenizer.encode_batch(
+            [text], add_special_tokens=add_special_tokens)[0].ids)
 
     def _call(self, doing: str, call: Callable[[], _T]) -> _T:
         """`call` into the library; its errors and panics are about the input: InputError."""

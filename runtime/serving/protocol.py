@@ -24,9 +24,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from ..sampling import SamplingParams
+from ..sampling import is_greedy_temperature as greedy_temperature
 from .bounds import check_chars, check_text, prompt_char_limit
 from .chat import chat_ids, image_rows
 from .errors import ProtocolError, guarded
@@ -36,9 +35,6 @@ __all__ = ["GenerationRequest", "ProtocolError", "greedy_temperature", "parse_re
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_STOPS = 4
-# The smallest positive normal float64. Below it (a subnormal), 1 / temperature overflows and
-# logits / temperature is +-inf or NaN for every logit: such a temperature can only mean greedy.
-_TINY = float(np.finfo(np.float64).tiny)
 
 
 @dataclass
@@ -214,13 +210,6 @@ def _max_tokens(body: dict, chat: bool) -> tuple[str, int | None]:
     if not _is_int(value) or value < 1:
         raise ProtocolError(field, f"{field}={_show(value)} is not a positive integer")
     return field, int(value)
-
-
-def greedy_temperature(temperature: float) -> bool:
-    """Whether sampling at `temperature` (>= 0) means greedy: at 0, as OpenAI defines it, and
-    below the smallest normal float64, where 1 / temperature overflows and dividing logits by
-    it would give +-inf (or NaN) for every logit, not a distribution."""
-    return temperature < _TINY
 
 
 def _sampling(body: dict) -> SamplingParams:

@@ -155,3 +155,24 @@ def test_an_oversized_file_given_as_bytes_is_refused(monkeypatch):
     monkeypatch.setattr(tokenizer_module, "MAX_OTHER", 100)
     with pytest.raises(ArtifactError, match="tokenizer_config.json is 200 bytes"):
         ArtifactTokenizer({**files(), "tokenizer_config.json": b" " * 200}, "art")
+
+
+def test_encoding_a_long_text_lets_other_threads_run(load):
+    """A server tokenizes on worker threads: a long prompt must not stop the others (the
+    library's `encode` holds the GIL for the whole call; `encode_batch` releases it). Counted
+    by progress, not timed: the main thread's turns while the encode runs."""
+    import threading
+    import time
+
+    tok = load()
+    text = " ".join(["hi", "a", "user", ":"] * 100_000)
+    result: list[list[int]] = []
+    worker = threading.Thread(target=lambda: result.append(tok.encode(text)))
+    turns = 0
+    worker.start()
+    while worker.is_alive():
+        turns += 1
+        time.sleep(0.001)
+    worker.join()
+    assert result[0] == Tokenizer.from_str(tokenizer_json().decode()).encode(text).ids
+    assert turns > 20, f"the main thread ran {turns} times while a long text was encoded"
