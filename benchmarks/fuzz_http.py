@@ -29,6 +29,7 @@ import random
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -431,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     process = None
     url = args.url
     if args.artifact:
-        process, port = _serve(args.artifact, Path("fuzz_http-serve.log").resolve())
+        process, port = _serve(args.artifact, Path(tempfile.gettempdir()) / "fuzz_http-serve.log")
         url = f"http://127.0.0.1:{port}"
     try:
         report = run(url, args.cases, args.seed, concurrency=args.concurrency)
