@@ -2,30 +2,36 @@
 
 torch.export traces what a user's model computes for a whole sequence (`input_ids` [1, S] ->
 logits [1, S, V], no cache). Generation needs a step that reads the keys and values of earlier
-tokens from a cache instead of recomputing them. After fusion every attention block of a decoder
-is one `multi_head_attention` (or `latent_attention`) with is_causal=true, and every other op
-treats tokens independently, so the step is that forward with three rewrites, whatever the
-architecture:
+tokens from a cache instead of recomputing them. In a decoder only attention reads other tokens'
+rows; every other op computes token t's row from token t's rows. So the step is that forward
+with three rewrites and a proof, whatever the architecture:
 
 - **positions**: the sequence's `arange(0, S)` (rotary tables, absolute position embeddings
   read it) becomes the graph input `positions` [S]: token t of the step sits at position
   `positions[t]`, wherever its sequence is;
-- **attention**: each block becomes `paged_attention` over that layer's cache pool
+- **attention**: each attention becomes `paged_attention` over that layer's cache pool
   (`k_cache_<i>`, `v_cache_<i>` [kv_slots, kv_heads, head_size]) and the step's slot lists
   (`seq_slots`, `token_seq`, `token_len`); the block's window and softcap carry over; its new
   rotated keys and values become outputs (`key_<i>`, `value_<i>`) that the runtime writes into
-  the pool; a `latent_attention` block (DeepSeek's MLA) becomes `paged_latent_attention`
-  instead, whose two pools hold each token's compressed latent and shared rotary key
-  (kv_lora_rank + rope_dim values, not the expanded per-head keys and values), its outputs the
-  step's latents and rotary keys;
+  the pool. The KV cache is derived at the attention op: a block the fusion recognised whole
+  (`multi_head_attention`) pages its projections and rotary tables, and any other causal
+  `scaled_dot_product_attention` pages its query, key and value as they enter it, whatever
+  computed them (partial rotary and a concat, a QKV split any way, q/k norms: its
+  step_attention module); a `latent_attention` block (DeepSeek's MLA) becomes
+  `paged_latent_attention` instead, whose two pools hold each token's compressed latent and
+  shared rotary key (kv_lora_rank + rope_dim values, not the expanded per-head keys and
+  values), its outputs the step's latents and rotary keys;
 - **logits**: only the rows in `logit_indices` (each sequence's last token of the step) are
   computed: the row selection moves back through the row-wise tail of the graph (lm_head,
-  final softcapping), so a prompt of 512 tokens pays the vocabulary projection once.
+  final softcapping), so a prompt of 512 tokens pays the vocabulary projection once;
+- **proof**: every output row is computed from its own token's rows, the paged attentions
+  being the only readers of other tokens (a dataflow over the step: its token_rows module).
 
 The step is a packed batch: S tokens from any number of sequences (a prompt chunk, or one next
-token each), so one graph serves prefill, decode and a server's mixed batches. An attention the
-fusion did not recognise, or a mask it could not prove causal, is an error naming the node: the
-step never silently recomputes the whole sequence.
+token each), so one graph serves prefill, decode and a server's mixed batches. An attention that
+is not causal, a mask not proven causal, or a node that still reads the whole sequence is an
+error naming the node, its source line and why: the step never silently recomputes the whole
+sequence.
 """
 
 from __future__ import annotations
@@ -41,9 +47,12 @@ from compiler.ir.ops.registry import get_op
 from compiler.ir.symbolic import equal, symbol
 from compiler.ir.types import TensorType
 
-from .base import Pass, PassResult
-from .eliminate_dead_code import EliminateDeadCode
-from .registry import register_pass
+from ..base import Pass, PassResult
+from ..eliminate_dead_code import EliminateDeadCode
+from ..registry import register_pass
+from .step_attention import SDPA as _SDPA
+from .step_attention import Pool, heads_misfit, page_sdpa, paged_block, replace
+from .token_rows import Mixed, TokenRows
 
 TOKENS_INPUT = "input_ids"
 KV_SLOTS = "kv_slots"          # size symbol: token slots in one layer's cache pool
@@ -62,11 +71,12 @@ _ROW_WISE_OPS = frozenset({"linear", "fused_linear", "quantized_linear", "rms_no
 @register_pass
 @dataclass(frozen=True)
 class DeriveGenerationStep(Pass):
-    """Needs a fused causal LM forward (`input_ids` [1, S] -> logits [1, S, V], every attention
-    one causal `multi_head_attention` or `latent_attention`); guarantees a step graph whose only
-    token-mixing ops are `paged_attention` and `paged_latent_attention`, with the cache and
-    slot inputs and the new keys and values as outputs (module docstring). Compiling for
-    generation appends it to the pipeline."""
+    """Needs a causal LM forward (`input_ids` [1, S] -> logits [1, S, V], every attention a
+    causal `multi_head_attention`, `latent_attention` or `scaled_dot_product_attention`);
+    guarantees a step graph whose only token-mixing ops are `paged_attention` and
+    `paged_latent_attention` (proven), with the cache and slot inputs and the new keys and
+    values as outputs (module docstring). Compiling for generation appends it to the
+    pipeline."""
 
     name = "derive_generation_step"
     summary = ("a causal LM's forward as one packed, KV-cached generation step (positions, "
@@ -81,10 +91,14 @@ class DeriveGenerationStep(Pass):
         _, hi = graph.symbols[tokens.name]
         graph.symbols[tokens.name] = (1, hi)  # a decode step has one token
         _replace_positions(graph, tokens)
+        if not attention:  # an attention written out in ops: the proof names where it mixes
+            _check_rows(graph, tokens)
+            raise DayzeroError("the model has no attention op: nothing to cache",
+                               "task text-generation", "compile it with --task forward")
         _page_attention(graph, attention, tokens, self.kv_cache_dtype == "int8")
+        _check_rows(graph, tokens)
         _select_logits(graph, hi)
         EliminateDeadCode().run(graph)  # the masks, tables and the tail the step replaced
-        _check_no_token_mixing(graph, tokens)
         return PassResult(graph, True)
 
 
@@ -110,10 +124,12 @@ def _where(node: Node) -> str:
 
 
 def _attention_blocks(graph: Graph, tokens) -> list[Node]:
-    """Every attention block, each checked to be a causal one the step can page."""
+    """Every attention, each checked to be a causal one the step can page: a fused block, or a
+    `scaled_dot_product_attention` over [1, heads, tokens, head_size] whatever computed its
+    query, key and value (the proof that they are computed token by token comes after paging)."""
     blocks = []
     for node in graph.nodes:
-        if node.op in _PAGED:
+        if node.op in _PAGED or node.op == _SDPA:
             why = _unpageable(node, tokens)
             if why:
                 raise DayzeroError(f"attention {_where(node)} cannot read a KV cache: {why}",
@@ -122,27 +138,25 @@ def _attention_blocks(graph: Graph, tokens) -> list[Node]:
                                    "attention needs a fusion rule")
             blocks.append(node)
         elif get_op(node.op).kind == "attention":
-            raise DayzeroError(
-                f"attention {_where(node)} was not recognised as a whole attention block "
-                "(head split, rotary, attention, head merge), so no KV cache can be derived",
-                "task text-generation",
-                "keep `fuse` in the pipeline; dayzero compile --report says which fusion rule "
-                "failed and why")
-    if not blocks:
-        raise DayzeroError("the model has no attention block: nothing to cache",
-                           "task text-generation", "compile it with --task forward")
+            raise DayzeroError(f"attention {_where(node)} has no paged form, so no KV cache "
+                               "can be derived", "task text-generation",
+                               "compile with --task forward, or report the model")
     return blocks
 
 
 def _unpageable(node: Node, tokens) -> str | None:
     # q, and the keys (a latent block's latent: one row per key), with their token axis
     q, k, mask = node.inputs[0], node.inputs[1], node.inputs[-1]
+    if node.op == _SDPA:
+        mask = node.inputs[3]
     if not node.attrs.get("is_causal"):
         return "it is not causal" + (" (its mask was not proven causal: "
                                      "recognize_causal_masks says why with --report)"
                                      if mask is not None else "")
     if mask is not None:
         return "it has a mask besides causality (a padding mask input?)"
+    if node.op == _SDPA:
+        return heads_misfit(node, tokens)
     axis = 2 if node.op == "latent_attention" else 1
     if not (equal(q.shape[axis], tokens) and equal(k.shape[axis], tokens)):
         return f"its queries {q.type} and keys {k.type} are not the sequence's tokens"
@@ -180,25 +194,12 @@ def _page_attention(graph: Graph, blocks: list[Node], tokens, int8: bool) -> Non
     for layer, node in enumerate(blocks):
         if node.op == "latent_attention":
             _page_latent(graph, node, layer, slots, shared, int8)
-            continue
-        q, k, v, cos, sin, _ = node.inputs
-        kv_heads = node.attrs["kv_num_heads"]
-        size, v_size = k.shape[-1] // kv_heads, v.shape[-1] // kv_heads
-        caches = [graph.add_input(f"{name}_cache_{layer}",
-                                  TensorType(DType.i8 if int8 else q.dtype,
-                                             (slots, kv_heads, width)))
-                  for name, width in (("k", size), ("v", v_size))]
-        scales = [graph.add_input(f"{name}_scale_{layer}", TensorType(DType.f32, (slots, kv_heads)))
-                  for name in ("k", "v")] if int8 else []
-        attrs = {"num_heads": node.attrs["num_heads"], "kv_num_heads": kv_heads,
-                 "scale": node.attrs["scale"], "window": node.attrs.get("window"),
-                 "softcap": node.attrs.get("softcap")}
-        paged = graph.add_node("paged_attention", [q, k, v, cos, sin, *caches, *shared, *scales],
-                               attrs,
-                               loc=node.loc, before=node,
-                               names=[node.outputs[0].name + "_paged", f"key_{layer}",
-                                      f"value_{layer}"])
-        _replace(graph, node, paged)
+        elif node.op == _SDPA:
+            page_sdpa(graph, node, Pool(layer, slots, shared, int8))
+        else:
+            q, k, v, cos, sin, _ = node.inputs
+            replace(graph, node, paged_block(graph, node, [q, k, v, cos, sin],
+                                              Pool(layer, slots, shared, int8)))
 
 
 def _page_latent(graph: Graph, node: Node, layer: int, slots, shared: list, int8: bool) -> None:
@@ -217,15 +218,7 @@ def _page_latent(graph: Graph, node: Node, layer: int, slots, shared: list, int8
                            loc=node.loc, before=node,
                            names=[node.outputs[0].name + "_paged", f"key_{layer}",
                                   f"value_{layer}"])
-    _replace(graph, node, paged)
-
-
-def _replace(graph: Graph, block: Node, paged: Node) -> None:
-    """`paged` answers for `block`; its cache rows become outputs the runtime writes."""
-    graph.replace_uses(block.outputs[0], paged.outputs[0])
-    graph.remove_nodes([block])
-    graph.outputs.extend(paged.outputs[1:])
-    graph.version += 1
+    replace(graph, node, paged)
 
 
 def _select_logits(graph: Graph, max_tokens) -> None:
@@ -267,11 +260,19 @@ def _row_wise(graph: Graph, node: Node) -> bool:
                or v.type.rank == 0 for v in others)
 
 
-def _check_no_token_mixing(graph: Graph, tokens) -> None:
-    """What still reads the whole sequence would mix the step's unrelated tokens."""
-    for node in graph.nodes:
-        if node.op in ("cumsum", "tril", "triu") or (
-                node.op == "arange" and tokens.name in str(node.attrs.get("end"))):
-            raise DayzeroError(f"{_where(node)} depends on the whole sequence, which a KV-cached "
-                               "step does not see", "task text-generation",
+def _check_rows(graph: Graph, tokens) -> None:
+    """Prove that every output row is computed from its own token's rows (token_rows.py): the
+    step's tokens then get what the whole forward gives them. What still reads the whole
+    sequence would mix the step's unrelated tokens: it is named, with why."""
+    rows = TokenRows(tokens)
+    for value, axis in ((graph.outputs[0], 1), *((v, 0) for v in graph.outputs[1:])):
+        fact = rows.of(value)
+        if isinstance(fact, Mixed):
+            where = _where(fact.node) if fact.node is not None else "a graph input"
+            raise DayzeroError(f"{where} depends on the whole sequence, which a KV-cached step "
+                               f"does not see: {fact.why}", "task text-generation",
                                "compile with --task forward, or report the model")
+        if fact != axis:
+            raise DayzeroError(f"output %{value.name} {value.type} does not hold one row per "
+                               f"token on axis {axis}", "task text-generation",
+                               "return the logits [1, seq, vocab]")
