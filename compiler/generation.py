@@ -3,7 +3,7 @@ section the runtime drives it with.
 
 `compile(..., task="text-generation")` exports the causal LM's forward for one prompt (batch 1,
 dynamic sequence), runs the backend's pipeline, then `derive_generation_step`
-(passes/derive_generation_step.py) turns it into a packed, KV-cached step. The manifest's
+(passes/derive_generation_step/) turns it into a packed, KV-cached step. The manifest's
 `generation` section records the exported forward's signature (so the artifact still answers
 `m(input_ids)`), each layer's cache geometry read from the step's paged attention nodes, the
 vocabulary, the longest sequence, the end-of-sequence ids and the `generation:` config.

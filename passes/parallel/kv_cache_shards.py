@@ -1,7 +1,7 @@
 """A tensor-parallel generation step keeps its KV cache sharded: each rank owns its KV heads.
 
 Partitioning treats graph inputs as whole and makes graph outputs whole. For a generation step
-(passes/derive_generation_step.py) that would mean every rank receiving the whole cache pool
+(passes/derive_generation_step/) that would mean every rank receiving the whole cache pool
 and slicing out its heads, and gathering every layer's new keys and values to every rank. The
 pool is the largest thing a server holds, so instead each rank's pool holds only its KV heads
 (the same block tables on every rank): in every rank's program the cache inputs

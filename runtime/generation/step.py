@@ -1,6 +1,6 @@
 """One generation step's inputs: the packed tokens of several sequences and where their keys live.
 
-The step graph (passes/derive_generation_step.py) takes a batch of 1 whose sequence axis is the
+The step graph (passes/derive_generation_step/) takes a batch of 1 whose sequence axis is the
 step's tokens, from any number of sequences. This module turns "sequence s adds these tokens at
 positions start .. start + n - 1, its blocks are these" into the graph's index inputs:
 `positions`, `token_seq`, `token_len` (keys each token sees: its position + 1), `seq_slots`
