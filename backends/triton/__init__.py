@@ -4,7 +4,10 @@ Lowering stores no code: `backend/kernels.json` lists each kernel (name, member 
 its source) and the sha256 of the whole kernel module. Loading regenerates the kernels from
 graph.dzir with the same deterministic generator and refuses the artifact if any hash differs,
 so nothing stored is ever executed, and an artifact written by another generator version is
-reported instead of silently run with different kernels.
+reported instead of silently run with different kernels. graph.dzir itself is untrusted (its
+hash in kernels.json is as easy to rewrite as the text): no name, dim or attribute text of it is
+ever written into the kernel source, and the module is checked against the forms the generator
+writes before it runs (`source_guard`).
 
 Where kernels run is decided from the environment when the backend is loaded, not by a global
 setting: with a CUDA device Triton compiles natively; without one, `TRITON_INTERPRET=1` is set
@@ -27,10 +30,13 @@ from ..base import ArtifactView, Backend, Capabilities, Executable, WeightLocati
 from ..capability_partition import Segment, assign, segments, subgraph
 from .emit import POW_EXPONENTS
 from .matmul import MATMUL_OPS
-from .plan import KERNEL_OPS, constants, module_source, plan, sha256
+from .plan import KERNEL_OPS, LaunchStep, constants, module_source, plan, sha256
+from .source_guard import check_source
 
 KERNELS_FILE = "kernels.json"
-GENERATOR_VERSION = 2  # 2: matmul/linear/fused_linear as generated GEMM kernels
+# 2: matmul/linear/fused_linear as generated GEMM kernels; 3: maximum, minimum, clamp, relu and
+# hardsigmoid/hardswish propagate NaN as torch does
+GENERATOR_VERSION = 3
 
 # Ops run on the host next to the kernels: zero-copy views, data movement, creation, and the
 # library calls (embedding gathers, indexing, attention, paged attention; the pieces of a
@@ -132,10 +138,12 @@ class TritonBackend(Backend):
             foreign = self._lower_fallback(graph, weights, options["fallback"], files,
                                            options.get("fallback_options") or {})
         steps = plan(graph, _foreign_nodes(foreign))
+        source = module_source(steps)
+        check_source(source)  # what load will execute passes the same check here
         kernels = [{"name": s.kernel.name, "nodes": list(s.kernel.nodes),
                     "sha256": sha256(s.kernel.source)} for s in steps if s.kernel]
         payload = {"generator_version": GENERATOR_VERSION, "kernels": kernels,
-                   "module_sha256": sha256(module_source(steps)),
+                   "module_sha256": sha256(source),
                    "fallback": options.get("fallback"),
                    "segments": [seg.to_json() for seg in foreign]}
         files[KERNELS_FILE] = json.dumps(payload, indent=1).encode()
@@ -171,7 +179,7 @@ class TritonBackend(Backend):
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ArtifactError(f"cannot read the kernel list: {exc}", where,
                                 "recompile the model") from None
-        steps = plan(graph, _foreign_nodes(foreign))
+        steps = _plan_untrusted(graph, foreign, f"{artifact.root}/graph.dzir")
         source = module_source(steps)
         if stored.get("module_sha256") != sha256(source) or \
                 stored.get("generator_version") != GENERATOR_VERSION:
@@ -186,9 +194,22 @@ class TritonBackend(Backend):
         fallbacks = [(seg, get(seg.backend).load(_SegmentView(artifact, f"fallback/{i}"), **extra))
                      for i, seg in enumerate(foreign)]
         slots, arena_bytes = _memory_slots(artifact)
+        check_source(source)  # the last gate before the text is executed
         module = import_kernels(source, cache_dir)
         return TritonExecutable(graph, artifact.weights("torch"), steps, module, target,
                                 fallbacks, slots, arena_bytes)
+
+
+def _plan_untrusted(graph: Graph, foreign: list[Segment], where: str) -> list[LaunchStep]:
+    """The plan of an artifact's graph; an attribute the generator refuses (a string where a
+    number belongs, an unknown activation) makes the artifact the thing reported."""
+    try:
+        return plan(graph, _foreign_nodes(foreign))
+    except ArtifactError:
+        raise
+    except DayzeroError as exc:
+        raise ArtifactError(exc.what, f"{where}: {exc.where}" if exc.where else where,
+                            exc.fix) from None
 
 
 def _memory_slots(artifact: ArtifactView) -> tuple[dict[str, tuple[int, int]], int]:

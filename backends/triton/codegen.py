@@ -7,6 +7,8 @@ element's coordinates in F; operands are loaded through their strides broadcast 
 on broadcast dims), which the launcher reads from the actual tensors. Sizes and strides are
 kernel arguments, never constants, so one kernel serves every value of the size symbols; the
 source depends only on the IR, which makes it reproducible at load time (see `backends.triton`).
+No IR name or dim is ever written into the source (see `source_guard`): identifiers are the
+generator's own (`in0`, `x0`, `v1`, `n0`, `s0_1`, ...), value names stay in `Kernel`'s fields.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from .emit import (
     VECTOR_RESULT,
     row_lines,
 )
+from .source_guard import NotOneKernel, check_attrs
 
 TL_DTYPES = {DType.f32: "tl.float32", DType.f16: "tl.float16", DType.bf16: "tl.bfloat16",
              DType.i64: "tl.int64", DType.i32: "tl.int32", DType.bool: "tl.int1"}
@@ -48,10 +51,6 @@ class Kernel:
     reduced: int                  # trailing dims of F reduced per row (0: elementwise kernel)
     perm: tuple[int, ...] = ()    # launch on inputs[0].permute(perm) (reduced dims moved last)
     unpermute: bool = False       # the output is in permuted order too (softmax): permute back
-
-
-class NotOneKernel(Exception):
-    """The nodes cannot form one kernel; the planner splits the group."""
 
 
 def broadcast(shapes: Sequence[Sequence[object]]) -> tuple[object, ...]:
@@ -226,6 +225,8 @@ def generate(name: str, nodes: Sequence[Node], inputs: Sequence[Value],
     """The kernel computing `nodes` from `inputs` and storing `outputs`; raises NotOneKernel.
 
     `constants` maps names of 0-d constant values to their numbers (for pow exponents)."""
+    for node in nodes:
+        check_attrs(node)
     for value in [*inputs, *outputs]:
         if value.dtype not in TL_DTYPES:
             raise NotOneKernel(f"%{value.name} has dtype {value.dtype.value}")
@@ -248,6 +249,7 @@ def generate_permuted(name: str, node: Node) -> Kernel:
     the input (a strided view, no copy) so the reduced dims come last."""
     if node.op not in _PERMUTABLE:
         raise NotOneKernel(f"{node.op} over non-trailing dims")
+    check_attrs(node)
     x, out = node.inputs[0], node.outputs[0]
     rank = x.type.rank
     if node.op in ("softmax", "log_softmax"):

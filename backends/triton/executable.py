@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from compiler.errors import InputError
+from compiler.errors import ArtifactError, InputError
 from compiler.ir import Graph, get_op, symbolic
 from compiler.ir.ops.registry import META_ATTRS
 
@@ -78,7 +78,8 @@ def import_kernels(source: str, cache: str | os.PathLike | None = None) -> Any:
     # mtime None: linecache never re-checks (or re-reads) the file for this entry
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     # `source` is what this package's code generator produced from the verified graph at this
-    # load (backends/triton/__init__.py regenerates it); no text of the artifact is executed
+    # load (backends/triton/__init__.py regenerates it and runs source_guard.check_source on it
+    # first); no text of the artifact is executed
     exec(code, module.__dict__)
     return module
 
@@ -148,13 +149,13 @@ class TritonExecutable:
         import torch
 
         kernel = step.kernel
-        domain = [symbolic.evaluate(d, bindings) for d in kernel.domain]
+        domain = [_sized(symbolic.evaluate, d, bindings) for d in kernel.domain]
         ins = [env[name] for name in kernel.inputs]
         if kernel.perm:
             ins[0] = ins[0].permute(kernel.perm)
         outs = []
         for name in kernel.outputs:
-            shape = [symbolic.evaluate(d, bindings) for d in self.values[name].shape]
+            shape = [_sized(symbolic.evaluate, d, bindings) for d in self.values[name].shape]
             if kernel.unpermute:
                 shape = [shape[p] for p in kernel.perm]
             outs.append(self._alloc(name, shape))
@@ -190,7 +191,7 @@ class TritonExecutable:
 
         kernel = step.kernel
         ins = [env[name] for name in kernel.inputs]
-        shape = [symbolic.evaluate(d, bindings) for d in kernel.shape]
+        shape = [_sized(symbolic.evaluate, d, bindings) for d in kernel.shape]
         outs = [self._alloc(name, shape) for name in kernel.outputs]
         targets = [torch.empty_like(o) if any(_overlap(o, t) for t in ins) else o for o in outs]
         fn = getattr(self.module, kernel.name)
@@ -221,7 +222,7 @@ class TritonExecutable:
     def _host(self, step: LaunchStep, env: dict, bindings: Mapping[str, int]) -> None:
         node = step.node
         args = [None if v is None else env[v.name] for v in node.inputs]
-        attrs = {k: symbolic.resolve(v, bindings) for k, v in node.attrs.items()
+        attrs = {k: _sized(symbolic.resolve, v, bindings) for k, v in node.attrs.items()
                  if k not in META_ATTRS}
         if node.op == "scaled_dot_product_attention":
             from .attention import attention, supported
@@ -279,6 +280,17 @@ def _overlap(a: Any, b: Any) -> bool:
 
     (a0, a1), (b0, b1) = span(a), span(b)
     return a0 < b1 and b0 < a1
+
+
+def _sized(fn: Any, value: Any, bindings: Mapping[str, int]) -> Any:
+    """`fn(value, bindings)` (symbolic.evaluate or resolve); a size symbol no input dim binds
+    (graph.dzir declared it and used it in an attribute or a type) is the artifact's fault."""
+    try:
+        return fn(value, bindings)
+    except KeyError as exc:
+        raise ArtifactError(f"{exc.args[0] if exc.args else exc}: no input dim gives it a "
+                            "value", "graph.dzir", "the artifact's graph is inconsistent; "
+                            "recompile the model") from None
 
 
 def _bind(graph: Graph, env: Mapping[str, Any]) -> dict[str, int]:

@@ -13,7 +13,8 @@ activation and, when the planner hands one over, the elementwise unit that is th
 consumer (a residual add, SwiGLU's `silu(gate) * up`). Its expressions come from `emit.py`, the
 same table the elementwise kernels use. Like `codegen.py`, the source is a pure function of the
 IR, so it is regenerated identically at load time; block sizes and warps are launch parameters
-(`autotune.py`), not part of the source.
+(`autotune.py`), not part of the source. No IR name, dim or attribute text is written into it
+(`source_guard`): the activation selects an entry of the `ACTIVATIONS` table.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from compiler.ir import DType, Node, Value
 from compiler.ir.ops.fused import ACTIVATIONS
 from compiler.ir.symbolic import equal
 
-from .codegen import NotOneKernel
 from .emit import ELEMENTWISE, POW_EXPONENTS
+from .source_guard import NotOneKernel, check_attrs, choice
 
 MATMUL_OPS = frozenset({"matmul", "linear", "fused_linear"})
 TL_FLOATS = {DType.f32: "tl.float32", DType.f16: "tl.float16", DType.bf16: "tl.bfloat16"}
@@ -94,6 +95,7 @@ def misfit(node: Node) -> str | None:
     """Why the GEMM template cannot run `node` (None: it can)."""
     if node.op not in MATMUL_OPS:
         return f"{node.op} is not a matmul"
+    check_attrs(node)
     return next((why for why, bad in MISFITS if bad(node)), None)
 
 
@@ -194,7 +196,7 @@ class _MatmulSourceWriter:
 
 
 def _activation(name: str, expr: str) -> str:
-    spec = ACTIVATIONS[name]
+    spec = choice(name, ACTIVATIONS, "activation")
     return expr if spec is None else ELEMENTWISE[spec[0]]([expr], spec[1])
 
 
@@ -208,6 +210,8 @@ def generate_matmul(name: str, node: Node, chain: Sequence[Node], outputs: Seque
                     constants: Mapping[str, float]) -> MatmulKernel:
     """The GEMM kernel for `node` (which must pass `misfit`) with `chain` as its epilogue,
     storing `outputs` (the node's result when the chain is empty)."""
+    for member in [node, *chain]:
+        check_attrs(member)
     a, b = node.inputs[:2]
     bias = node.inputs[2] if len(node.inputs) > 2 else None
     result = node.output

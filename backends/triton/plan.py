@@ -25,9 +25,10 @@ from compiler.ir import Graph, Node, Value
 from .codegen import Kernel, NotOneKernel, generate, generate_permuted
 from .emit import ELEMENTWISE, ROW_OPS
 from .matmul import MATMUL_OPS, MatmulKernel, epilogue, generate_matmul, misfit
+from .source_guard import HEADER, kernel_name
 
 KERNEL_OPS = frozenset(ELEMENTWISE) | {"pow"} | frozenset(ROW_OPS)
-MODULE_HEADER = "import triton\nimport triton.language as tl\n"
+MODULE_HEADER = "".join(f"{line}\n" for line in HEADER)
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,7 @@ class _LaunchPlanner:
         return False
 
     def _name(self, node: Node) -> str:
-        return f"k{len([s for s in self.steps if s.kernel])}_{node.op}"
+        return kernel_name(len([s for s in self.steps if s.kernel]), node.op)
 
     def _matmul(self, node: Node, following: list[Node]) -> bool:
         """A GEMM kernel for `node`, with `following` as its epilogue when it qualifies; a host
