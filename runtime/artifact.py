@@ -16,16 +16,17 @@ and the safetensors headers, and maps weights with mmap. No pickle, nothing in i
 Every file is read through `Artifact.file`, which accepts only paths listed (and so checked).
 
 manifest.json itself cannot carry its own hash: the hashes find corruption and edits of the
-other files, while the manifest is protected only by being parsed strictly (its paths stay
-inside the folder and must be listed). Proving that a whole artifact is the one that was
-published needs a hash or signature of manifest.json kept outside the artifact.
+other files, while the manifest is read strictly (`runtime.manifest`: never through a link,
+bounded, every field typed and ranged, its paths inside the folder and listed) and checked at
+load against the graph it describes (`runtime.consistency`). Proving that a whole artifact is
+the one that was published needs a hash or signature of manifest.json kept outside it.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-from pathlib import Path, PurePosixPath
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,10 +35,11 @@ from backends import WeightLocation
 from compiler.errors import ArtifactError
 
 from . import safetensors_io as st
+from .manifest import FORMAT_NAME, FORMAT_VERSION, MANIFEST, FileEntry, Manifest, read_manifest
+from .manifest_fields import relpath
 
-FORMAT_NAME = "dayzero-artifact"
-FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
+__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "MANIFEST", "Artifact", "open_artifact",
+           "safe_relpath"]
 GRAPH = "graph.dzir"
 WEIGHTS_DIR = "weights"
 PAYLOAD_DIR = "backend"
@@ -60,13 +62,29 @@ class Artifact:
             raise ValueError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
         self.root = Path(path)
         self.rank = rank
-        self.manifest: dict[str, Any] = _read_manifest(self.root)
-        self._ranks = _ranks(self.manifest)
-        weight_files = {f for r in self._ranks for f in r["weights"]}
+        # the typed, validated manifest; `manifest` is its JSON object, which most callers
+        # still index directly
+        self.typed: Manifest = read_manifest(self.root)
+        self.manifest: dict[str, Any] = self.typed.raw
+        self._ranks = self.manifest["parallel"]["ranks"]
+        weight_files = {f for r in self.typed.parallel.ranks for f in r.weights}
         mine = weight_files if rank is None else set(self._rank(rank)["weights"])
-        _check_files(self.root, self.manifest["files"], verify, weight_files, weight_files - mine)
+        _check_files(self.root, self.typed.files, verify, weight_files, weight_files - mine)
         self._entries = {f: st.read_header(self.file(f, "weight file"), f) for f in sorted(mine)}
         self._maps: dict[tuple[str, str], np.memmap] = {}
+        self._consistent: dict[str, Any] | None = None
+
+    def check_consistency(self, input_specs=None, output_specs=None) -> dict[str, Any]:
+        """The manifest against graph.dzir (`runtime.consistency`), once: its specs (these,
+        else the manifest's), symbols and index ranges; returns the graph's index ranges.
+        For a loader whose backend does not parse and check the graph itself."""
+        if self._consistent is None:
+            from .consistency import check_against_graph_text
+
+            self._consistent = check_against_graph_text(
+                self, self.typed.inputs if input_specs is None else input_specs,
+                self.typed.outputs if output_specs is None else output_specs)
+        return self._consistent
 
     def __repr__(self) -> str:
         return f"Artifact({str(self.root)!r}, backend={self.backend!r})"
@@ -176,104 +194,13 @@ def _torch_view(mm: np.memmap, e: st.TensorEntry):
 
 
 def _read_manifest(root: Path) -> dict[str, Any]:
-    path = root / MANIFEST
-    if not root.is_dir():
-        raise ArtifactError(f"{root} is not an artifact directory", str(root),
-                            "give the folder written by `dayzero compile`")
-    if not path.is_file():
-        raise ArtifactError(f"{root} has no {MANIFEST}", str(path),
-                            "give the folder written by `dayzero compile`, or recompile")
-    try:
-        manifest = json.loads(path.read_text(), parse_int=_json_int, parse_constant=_json_constant)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        what = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:200]
-        raise ArtifactError(f"{MANIFEST} is not valid JSON ({what})", str(path),
-                            "the artifact is corrupted; recompile it") from None
-    if _depth(manifest) > MAX_JSON_DEPTH:
-        raise ArtifactError(f"{MANIFEST} is nested more than {MAX_JSON_DEPTH} deep", str(path),
-                            "the artifact is corrupted; recompile it")
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
-        found = manifest.get("format") if isinstance(manifest, dict) else None
-        raise ArtifactError(f"{root} is not a dayzero artifact (format {found!r})", str(path),
-                            "give the folder written by `dayzero compile`")
-    version = manifest.get("format_version")
-    if version != FORMAT_VERSION:
-        raise ArtifactError(
-            f"artifact format version {version!r} is not supported; this dayzero reads version "
-            f"{FORMAT_VERSION}", str(path),
-            f"recompile the model with this dayzero, or load it with the dayzero that wrote it "
-            f"(producer version {manifest.get('producer_version', 'unknown')})")
-    _check_keys(manifest, path)
-    return manifest
+    """manifest.json read and validated (`runtime.manifest`), as its JSON object: for the
+    callers that only need the format checked before they open the artifact for a rank."""
+    return read_manifest(Path(root)).raw
 
 
-MAX_JSON_DEPTH = 64  # a manifest is a few levels deep; deeper is not one of ours
-
-
-MAX_JSON_INT_DIGITS = 100  # far past any size or offset; each field checks its own range
-
-
-def _json_int(digits: str) -> int:
-    """Integers in the manifest are sizes, offsets, ranks: a 5000-digit one (a raw ValueError
-    from int(), or seconds of work below Python's limit) is refused unparsed."""
-    if len(digits.lstrip("-")) > MAX_JSON_INT_DIGITS:
-        raise ValueError(f"integer {digits[:24]}... has more than {MAX_JSON_INT_DIGITS} digits")
-    return int(digits)
-
-
-def _json_constant(name: str):
-    raise ValueError(f"{name} is not JSON")
-
-
-def _depth(value: Any) -> int:
-    """Nesting depth of decoded JSON, without recursion."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        deepest = max(deepest, depth)
-        if isinstance(item, dict):
-            stack.extend((v, depth + 1) for v in item.values())
-        elif isinstance(item, list):
-            stack.extend((v, depth + 1) for v in item)
-    return deepest
-
-
-_KEY_TYPES = {"backend": str, "inputs": list, "outputs": list, "symbols": dict, "files": dict,
-              "parallel": dict, "graph": str}
-_OPTIONAL_KEY_TYPES = {"backend_options": dict, "memory_plan": dict, "generation": dict,
-                       "static_sizes": dict, "export_refinements": dict}
-
-
-def _check_keys(manifest: dict[str, Any], path: Path) -> None:
-    for key, kind in _KEY_TYPES.items():
-        if not isinstance(manifest.get(key), kind):
-            raise ArtifactError(f"{MANIFEST} has no valid '{key}' entry", str(path),
-                                "the artifact is corrupted; recompile it")
-    for key, kind in _OPTIONAL_KEY_TYPES.items():
-        if manifest.get(key) is not None and not isinstance(manifest[key], kind):
-            raise ArtifactError(f"{MANIFEST}: '{key}' is {type(manifest[key]).__name__}, not "
-                                f"{kind.__name__}", f"{path}: {key}",
-                                "the artifact is corrupted; recompile it")
-
-
-def _ranks(manifest: dict[str, Any]) -> list[dict[str, Any]]:
-    ranks = manifest["parallel"].get("ranks")
-    ok = isinstance(ranks, list) and ranks and all(
-        isinstance(r, dict) and type(r.get("rank")) is int and isinstance(r.get("graph"), str)
-        and isinstance(r.get("weights"), list) and all(isinstance(f, str) for f in r["weights"])
-        for r in ranks)
-    if not ok:
-        raise ArtifactError(f"{MANIFEST} has no valid parallel.ranks entry", MANIFEST,
-                            "the artifact is corrupted; recompile it")
-    listed = manifest["files"]
-    for rel in [f for r in ranks for f in (r["graph"], *r["weights"])]:
-        if rel not in listed:
-            raise ArtifactError(f"{rel} is used by the artifact but not listed in {MANIFEST}", rel,
-                                "the artifact is corrupted; recompile it")
-    return ranks
-
-
-def _check_files(root: Path, listed: dict[str, Any], verify: str, weight_files: set[str],
+def _check_files(root: Path, listed: Mapping[str, FileEntry], verify: str,
+                 weight_files: set[str],
                  foreign: set[str] = frozenset()) -> None:
     """Every listed file exists with its size and hash; no unlisted file hides in the folder.
 
@@ -289,12 +216,11 @@ def _check_files(root: Path, listed: dict[str, Any], verify: str, weight_files: 
             raise ArtifactError(f"file {rel} listed in the manifest is missing", str(path),
                                 "the artifact is incomplete; recompile it")
         size = path.stat().st_size
-        if not isinstance(info, dict) or size != info.get("size"):
-            expected = info.get("size") if isinstance(info, dict) else None
-            raise ArtifactError(f"file {rel} is {size} bytes, the manifest says {expected}",
+        if size != info.size:
+            raise ArtifactError(f"file {rel} is {size} bytes, the manifest says {info.size}",
                                 str(path), "the artifact is corrupted or truncated; recompile it")
         if rel not in foreign and (verify == "full" or rel not in weight_files):
-            if _sha256(path) != info.get("sha256"):
+            if _sha256(path) != info.sha256:
                 raise ArtifactError(f"file {rel} does not match its sha256 in the manifest",
                                     str(path), "the artifact was modified or corrupted; "
                                     "recompile it")
@@ -316,9 +242,6 @@ def _sha256(path: Path) -> str:
 
 
 def safe_relpath(rel: Any, what: str) -> str:
-    """A relative POSIX path that stays inside its folder (no absolute paths, no '..')."""
-    parts = PurePosixPath(rel).parts if isinstance(rel, str) else ()
-    if not parts or "/".join(parts) != rel or "\\" in rel or ".." in parts:
-        raise ArtifactError(f"{what} {rel!r} is not a plain relative path", str(rel),
-                            "paths in an artifact must stay inside it")
-    return "/".join(parts)
+    """A relative POSIX path that stays inside its folder (no absolute paths, no '..') and that
+    the file system takes (bounded length): `runtime.manifest_fields.relpath`."""
+    return relpath(rel, what)

@@ -14,6 +14,7 @@ from compiler.errors import ArtifactError, IRParseError, VerificationError
 from compiler.ir import Graph, parse_ir, symbolic, verify
 
 from .artifact import Artifact
+from .consistency import compare_index_inputs, compare_specs, compare_symbols
 from .index_inputs import MANIFEST_KEY, IndexRange, find_index_inputs, index_inputs_json
 from .memory_plan import check_memory_plan
 from .specs import TensorSpec
@@ -26,13 +27,11 @@ def check_artifact_graph(artifact: Artifact, input_specs: Sequence[TensorSpec],
     """Parse and verify graph.dzir, check the manifest against it; returns its index inputs."""
     manifest = artifact.manifest
     graph = parse_verified(artifact.graph_text(), f"{artifact.root}/{manifest['graph']}")
-    check_specs(graph, input_specs, output_specs, f"{artifact.root}/manifest.json")
+    where = f"{artifact.root}/manifest.json"
+    check_specs(graph, input_specs, output_specs, where)
+    compare_symbols(manifest.get("symbols", {}), graph.symbols, where)
     found = find_index_inputs(graph)
-    recorded = manifest.get(MANIFEST_KEY)
-    if recorded is not None and recorded != index_inputs_json(graph):
-        raise ArtifactError(f"manifest.json: {MANIFEST_KEY} {recorded!r} is not what graph.dzir "
-                            f"gives ({index_inputs_json(graph)!r})",
-                            f"{artifact.root}/manifest.json: {MANIFEST_KEY}", _FIX)
+    compare_index_inputs(manifest.get(MANIFEST_KEY), index_inputs_json(graph), where)
     plan = manifest.get("memory_plan")
     if plan is not None:
         check_memory_plan(plan, graph, f"{artifact.root}/manifest.json: memory_plan")
@@ -55,17 +54,8 @@ def parse_verified(text: str, path: str) -> Graph:
 def check_specs(graph: Graph, input_specs: Sequence[TensorSpec],
                 output_specs: Sequence[TensorSpec], where: str) -> None:
     """The manifest's inputs and outputs are the graph's: names, dtypes, shapes, symbol ranges."""
-    for key, values, specs in (("inputs", graph.inputs, input_specs),
-                               ("outputs", graph.outputs, output_specs)):
-        want = [_spec(graph, v) for v in values]
-        have = [(s.name, s.dtype, tuple(s.shape), dict(s.ranges)) for s in specs]
-        if want != have:
-            first = next((i for i, (w, h) in enumerate(zip(want, have)) if w != h),
-                         min(len(want), len(have)))
-            got = have[first] if first < len(have) else "nothing"
-            exp = want[first] if first < len(want) else "nothing"
-            raise ArtifactError(f"manifest.json {key}[{first}] is {got} but graph.dzir has "
-                                f"{exp}", f"{where}: {key}", _FIX)
+    compare_specs([_spec(graph, v) for v in graph.inputs],
+                  [_spec(graph, v) for v in graph.outputs], input_specs, output_specs, where)
 
 
 def _spec(graph: Graph, value) -> tuple:

@@ -14,8 +14,7 @@ from compiler.errors import DayzeroError, InputError
 from compiler.ir.dtypes import DType
 
 from .artifact import Artifact, open_artifact
-from .index_inputs import read_index_inputs
-from .specs import TensorSpec, specs_from_manifest
+from .specs import TensorSpec
 from .to_numpy import to_numpy
 from .validate import check_output_shapes, prepare_inputs
 
@@ -25,16 +24,17 @@ class CompiledModel:
 
     def __init__(self, artifact: Artifact, *, session: Mapping[str, Any] | None = None):
         self.artifact = artifact
-        self.input_specs: list[TensorSpec] = specs_from_manifest(artifact.manifest, "inputs")
-        self.output_specs: list[TensorSpec] = specs_from_manifest(artifact.manifest, "outputs")
-        self.index_ranges = read_index_inputs(artifact.manifest,
-                                              [s.name for s in self.input_specs])
+        self.input_specs: list[TensorSpec] = list(artifact.typed.inputs)
+        self.output_specs: list[TensorSpec] = list(artifact.typed.outputs)
+        self.index_ranges = dict(artifact.typed.index_inputs)
         self.backend = _backend_for(artifact)
         self._output_dtypes = [_numpy_dtype(spec.dtype) for spec in self.output_specs]
         view = _CheckedView(artifact, self)
         if artifact.manifest.get("memory_plan") is not None:
             view.check()  # the plan is checked against the graph whatever the backend reads
         self._executable = _load_executable(self.backend, view, session)
+        if not view.checked:  # the backend runs its own payload: the manifest is still checked
+            self.index_ranges = artifact.check_consistency(self.input_specs, self.output_specs)
 
     @property
     def path(self) -> Path:
@@ -132,13 +132,13 @@ class _CheckedView:
     """
 
     def __init__(self, artifact: Artifact, model: CompiledModel):
-        self._artifact, self._model, self._checked = artifact, model, False
+        self._artifact, self._model, self.checked = artifact, model, False
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._artifact, name)
 
     def check(self) -> None:
-        if not self._checked:
+        if not self.checked:
             # the IR parser and verifier (sympy, lark, the op table) load only for artifacts
             # whose graph is read: an ONNX Runtime artifact without a memory plan runs without
             from .graph_checks import check_artifact_graph
@@ -146,7 +146,7 @@ class _CheckedView:
             model = self._model
             model.index_ranges = check_artifact_graph(self._artifact, model.input_specs,
                                                       model.output_specs)
-            self._checked = True
+            self.checked = True
 
     def graph_text(self, *args: Any, **kwargs: Any) -> str:
         self.check()
@@ -180,9 +180,14 @@ def load(path: str | Path, verify: str = "full", *,
         manifest = read_manifest(Path(path))
         if manifest.get("generation") is not None and not session:
             from .generation.ranks import load_tensor_parallel
+            from .generation.spec import GenerationSpec, checked_cache_memory
 
+            cache = _cache_memory(kv_cache_memory)
+            # before the ranks start: each allocates its share of the pool at once
+            checked_cache_memory(GenerationSpec.from_manifest(manifest["generation"],
+                                                              str(path)), cache)
             return load_tensor_parallel(path, manifest, verify=verify, timeout=timeout,
-                                        kv_cache_memory=_cache_memory(kv_cache_memory))
+                                        kv_cache_memory=cache)
         if session:
             raise DayzeroError("session settings cannot be overridden for a partitioned "
                                "artifact yet", str(path),

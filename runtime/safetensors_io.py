@@ -26,6 +26,8 @@ import numpy as np
 from compiler.errors import ArtifactError, DayzeroError
 from compiler.ir.dtypes import DType
 
+from . import bounded_json
+
 # IR dtype <-> safetensors dtype tag.
 ST_DTYPES: dict[DType, str] = {
     DType.f64: "F64", DType.f32: "F32", DType.f16: "F16", DType.bf16: "BF16",
@@ -35,6 +37,12 @@ ST_DTYPES: dict[DType, str] = {
 IR_DTYPES: dict[str, DType] = {tag: dtype for dtype, tag in ST_DTYPES.items()}
 
 MAX_HEADER_BYTES = 100 * 2**20  # the safetensors library's own limit
+MAX_HEADER_DEPTH = 8   # {name: {dtype, shape: [...], data_offsets: [...]}}: three levels
+MAX_INT_DIGITS = 20    # an offset or dim below 2**64
+MAX_TENSORS = 1 << 18  # per file: far past any model's shard
+MAX_RANK = 64
+MAX_NAME = 4096        # characters of a tensor name
+MAX_OFFSET = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -192,11 +200,18 @@ def read_header(path: Path, label: str,
             raise bad(f"declares a {length}-byte header but the file has {size} bytes "
                       "(truncated, or not a safetensors file)", None)
         try:
-            header = json.loads(f.read(length))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise bad(f"has a header that is not JSON ({exc})", None) from None
+            header = bounded_json.loads(f.read(length), max_depth=MAX_HEADER_DEPTH,
+                                        max_int_digits=MAX_INT_DIGITS)
+        except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+            raise bad(f"has a header that is not JSON ({str(exc)[:200]})", None) from None
     if not isinstance(header, dict):
         raise bad("has a header that is not a JSON object", None)
+    if len(header) > MAX_TENSORS + 1:
+        raise bad(f"lists {len(header)} tensors, more than the {MAX_TENSORS} a file may hold",
+                  None)
+    metadata = header.get("__metadata__", {})
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise bad("has a __metadata__ entry that is not an object of strings", None)
     start = 8 + length
     entries = [_entry(bad, name, info, start) for name, info in header.items()
                if name != "__metadata__"]
@@ -209,16 +224,24 @@ def _entry(bad, name: str, info: Any, start: int) -> TensorEntry:
         dtype = IR_DTYPES[info["dtype"]]
         shape = tuple(info["shape"])
         begin, end = info["data_offsets"]
-        ok = all(type(x) is int and x >= 0 for x in (*shape, begin, end)) and begin <= end
+        ok = (isinstance(info["shape"], list) and len(shape) <= MAX_RANK
+              and all(type(x) is int and 0 <= x <= MAX_OFFSET for x in (*shape, begin, end))
+              and begin <= end and len(name) <= MAX_NAME)
     except (KeyError, TypeError, ValueError):
         ok = False
     if not ok:
-        raise bad(f"has an unreadable header entry for tensor '{name}': {info!r}", name)
+        raise bad(f"has an unreadable header entry for tensor {_short(name)}: {_short(info)}",
+                  name[:MAX_NAME])
     need = math.prod(shape) * dtype.itemsize
     if end - begin != need:
         raise bad(f"says tensor '{name}' ({dtype}{list(shape)}, {need} bytes) spans bytes "
                   f"{begin}..{end} ({end - begin} bytes): the header lies about its offsets", name)
     return TensorEntry(name, dtype, shape, start + begin, start + end)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def _check_tiling(bad, entries: list[TensorEntry], start: int, size: int) -> None:

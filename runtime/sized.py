@@ -29,7 +29,11 @@ class SizedModel:
         self._top, self._verify, self._session, self._loader = top, verify, session, loader
         entry = top.manifest["static_sizes"]
         self.dim: str = entry.get("dim", "?")
-        self._axes = _pairs(entry.get("inputs"), top.path)
+        if not isinstance(self.dim, str) or not 0 < len(self.dim) <= 64:
+            raise ArtifactError("manifest.json: static_sizes.dim is not a name",
+                                f"{top.path}: static_sizes.dim",
+                                "the artifact is corrupted; recompile it")
+        self._axes = _pairs(entry.get("inputs"), top.path, top.input_specs)
         self._paths = _sizes(entry.get("sizes"), top.path)
         self._cut = _padding(entry.get("padding"), top.path)  # None: exact sizes only
         self._loaded: dict[int, Any] = {}
@@ -93,9 +97,25 @@ class SizedModel:
                              f"{self.sizes}, or recompile with static_sizes including {size}")
         if size not in self._loaded:
             rel = self._paths[size]
-            self._loaded[size] = self._top if rel == "." else self._loader(
+            model = self._top if rel == "." else self._loader(
                 open_artifact(self.path / rel, verify=self._verify), self._session)
+            self._check_size(model, size, rel)
+            self._loaded[size] = model
         return self._loaded[size]
+
+    def _check_size(self, model, size: int, rel: str) -> None:
+        """The size's artifact takes `size` at every (input, axis) that carries the dim: the
+        manifest's list of sizes is checked against each artifact it names."""
+        for position, axis in self._axes:
+            specs = model.input_specs
+            dim = specs[position].shape[axis] if position < len(specs) and \
+                axis < len(specs[position].shape) else None
+            if dim != size:
+                raise ArtifactError(
+                    f"the artifact is inconsistent: manifest.json static_sizes lists {rel} for "
+                    f"{self.dim} = {size}, but its input {position} has {dim} at axis {axis}",
+                    f"{self.path}/manifest.json: static_sizes.sizes",
+                    "recompile the artifact: it was edited or corrupted after it was written")
 
     def _size_of(self, inputs: tuple) -> int:
         found = set()
@@ -121,10 +141,14 @@ def _is_pairs(entry: Any, bound: int | None = None) -> bool:
         for p in entry)
 
 
-def _pairs(entry: Any, root) -> list[tuple[int, int]]:
-    if not (entry and _is_pairs(entry)):
-        raise ArtifactError("manifest.json: static_sizes.inputs is not a list of [input, axis]",
-                            f"{root}: static_sizes", "the artifact is corrupted; recompile it")
+def _pairs(entry: Any, root, specs) -> list[tuple[int, int]]:
+    """[input, axis] pairs, each an axis of an input of the model (a pair past them made the
+    padding index an axis the input does not have)."""
+    if not (entry and _is_pairs(entry)) or not all(
+            p[0] < len(specs) and p[1] < len(specs[p[0]].shape) for p in entry):
+        raise ArtifactError("manifest.json: static_sizes.inputs is not a list of [input, axis] "
+                            "of the model's inputs", f"{root}: static_sizes",
+                            "the artifact is corrupted; recompile it")
     return [(p[0], p[1]) for p in entry]
 
 

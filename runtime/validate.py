@@ -184,7 +184,9 @@ def _numpy_name(dtype: str) -> str:
 
 class OutputShapeError(RuntimeError):
     """A backend returned an output whose shape is not its IR type at these input sizes: a
-    lowering bug (never the user's input), raised rather than returned as a wrong result."""
+    lowering bug (never the user's input, nor an edited manifest: its output specs are checked
+    against graph.dzir at load, `runtime.consistency`), raised rather than returned as a wrong
+    result."""
 
 
 def check_output_shapes(specs: Sequence[TensorSpec], outputs: Sequence[np.ndarray],

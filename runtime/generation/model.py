@@ -1,6 +1,6 @@
 """GenerationModel: a generation artifact as `runtime.load` returns it.
 
-Its graph is a KV-cached generation step (passes/derive_generation_step.py). `generate` and
+Its graph is a KV-cached generation step (passes/derive_generation_step/). `generate` and
 `stream` run prompts through it as transformers' `generate` does (same arguments, same output
 layout: prompts left-padded to one length, then the new tokens, rows that stopped early padded);
 `generate_text` adds the artifact's tokenizer. An image-text artifact also takes images: chat
@@ -29,7 +29,7 @@ from .engine import StepRunner
 from .prompts import Prompts, check_request
 from .scheduler import Scheduler
 from .scheduler import Sequence as Request
-from .spec import GenerationSpec
+from .spec import GenerationSpec, check_step_graph, checked_cache_memory
 from .step import StepPart
 from .tokenizer import ArtifactTokenizer, load_tokenizer
 from .vision import ImageEncoder, ImageRows, image_feeds, split_messages
@@ -40,6 +40,12 @@ class GenerationModel:
         self.step_model = step
         self.spec = GenerationSpec.from_manifest(step.manifest.get("generation"),
                                                  str(step.path))
+        artifact = step.artifact
+        if not isinstance(step, CompiledModel):  # tensor parallel: the global graph's specs
+            artifact.check_consistency()  # (a CompiledModel's were checked at its load)
+        check_step_graph(self.spec, artifact.typed.inputs, artifact.typed.outputs,
+                         str(step.path))
+        checked_cache_memory(self.spec, kv_cache_memory)  # before the pool is sized from it
         forward = {"symbols": step.manifest.get("symbols", {}),
                    **step.manifest["generation"].get("forward", {})}
         self.input_specs = specs_from_manifest(forward, "inputs")
@@ -156,9 +162,9 @@ class GenerationModel:
                                            SamplingParams(do_sample, temperature, top_k, top_p,
                                                           seed), eos_token_id,
                                            _images(pixel_values, images))
-        row_of = {id(r): i for i, r in enumerate(requests)}
+        row_of = {r.seq_id: i for i, r in enumerate(requests)}
         for event in self._schedule(requests):
-            yield event.token if prompts.single else (row_of[id(event.sequence)], event.token)
+            yield event.token if prompts.single else (row_of[event.sequence.seq_id], event.token)
 
     def _requests(self, input_ids, attention_mask, max_new_tokens, sampling, eos_token_id,
                   images=None):
@@ -195,6 +201,8 @@ class GenerationModel:
         start = time.perf_counter()
         try:
             for event in scheduler.run():
+                if event.error is not None:
+                    raise _sequence_error(requests, event)
                 stats.record(event.sequence, time.perf_counter() - start, self.runner)
                 yield event
             stats.preemptions = scheduler.preemptions
@@ -202,6 +210,15 @@ class GenerationModel:
             for request in requests:  # an abandoned stream frees its blocks
                 if not request.finished:
                     scheduler.cancel(request)
+
+
+def _sequence_error(requests: list[Request], event) -> InputError:
+    """The error of a sequence the scheduler ended without a token (non-finite logits),
+    naming its prompt: generate and stream stop at the first (the rest are cancelled)."""
+    row = next(i for i, r in enumerate(requests) if r is event.sequence)
+    return InputError(f"input_ids[{row}]: {event.error}; generation stopped",
+                      f"input_ids[{row}]", "the model produced non-finite logits: check its "
+                      "inputs and weights (`dayzero align`)")
 
 
 def _forward_images(ids: np.ndarray, embeds: Any, mask: Any) -> list:

@@ -12,14 +12,20 @@ bounds, before the runtime allocates anything from it.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from compiler.errors import ArtifactError, DayzeroError
+from compiler.errors import ArtifactError, DayzeroError, InputError
 
+from ..host_memory import available_bytes
 from ..kv_cache import CacheLayout, LayerPools
+from ..specs import TensorSpec, specs_from_manifest
 
 _MAX_LAYERS = 1 << 12
+MAX_CACHE_BYTES = 1 << 50
+# the pool's element type -> the IR dtype of the step graph's cache inputs
+CACHE_DTYPES = {"f32": "f32", "f16": "f16", "int8": "i8"}
 _MAX_WIDTH = 1 << 16
 _MAX_TOKENS = 1 << 24
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20,
@@ -27,16 +33,29 @@ _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 
           "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40}
 
 
+MAX_BYTES = 1 << 60  # a size past any machine: refused before any arithmetic on it
+
+
 def parse_bytes(value: Any, key: str) -> int:
-    """`2GiB`, `512MiB`, `1.5g` or a plain integer of bytes, as bytes."""
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+    """`2GiB`, `512MiB`, `1.5g` or a plain integer of bytes, as bytes (at most MAX_BYTES)."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_BYTES:
         return value
-    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", str(value))
+    text = str(value) if isinstance(value, (int, float, str)) else ""
+    match = re.fullmatch(r"\s*([0-9]{1,20}(?:\.[0-9]{1,20})?)\s*([A-Za-z]{0,3})\s*", text)
     unit = match and match.group(2).lower()
     if not match or unit not in _UNITS or float(match.group(1)) <= 0:
-        raise DayzeroError(f"{key} {value!r} is not a size", key,
+        raise DayzeroError(f"{key} {_short(value)} is not a size", key,
                            "write a size such as 2GiB, 512MiB or a number of bytes")
-    return int(float(match.group(1)) * _UNITS[unit])
+    size = int(float(match.group(1)) * _UNITS[unit])
+    if not 0 < size <= MAX_BYTES:
+        raise DayzeroError(f"{key} {_short(value)} is {size} bytes, not a size in [1, "
+                           f"{MAX_BYTES}]", key, "write a size such as 2GiB or 512MiB")
+    return size
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 # what a layer's two pools hold per token: "attention" keys and values of kv_heads heads;
@@ -112,14 +131,108 @@ class GenerationSpec:
             heads, size, vsize = (count("layers", _MAX_WIDTH, v) for v in entry[:3])
             window = None if entry[3] is None else count("layers", _MAX_TOKENS, entry[3])
             parsed.append(LayerCache(heads, size, vsize, window, *entry[4:]))
+        vocab = count("vocab_size", 1 << 31)
         eos = section.get("eos_token_ids")
         if not isinstance(eos, list) or len(eos) > 64 or not all(
-                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in eos):
-            raise fail("eos_token_ids")
+                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in eos):
+            raise ArtifactError(f"manifest.json: generation.eos_token_ids is {_short(eos)}, not "
+                                f"a list of at most 64 token ids in [0, {vocab - 1}] (the "
+                                "vocabulary, generation.vocab_size)",
+                                f"{where}: generation.eos_token_ids",
+                                "the artifact is corrupted or was edited; recompile it")
         dtype = section.get("kv_cache_dtype", "f32")
-        if dtype not in ("f32", "f16", "int8"):
+        if not isinstance(dtype, str) or dtype not in CACHE_DTYPES:
             raise fail("kv_cache_dtype")
-        return cls(tuple(parsed), count("vocab_size", 1 << 31), count("max_positions", _MAX_TOKENS),
-                   tuple(eos), count("kv_cache_memory", 1 << 50), count("block_size", 1 << 16),
-                   count("prefill_chunk", _MAX_TOKENS), count("max_batch_tokens", _MAX_TOKENS),
-                   dtype)
+        return cls(tuple(parsed), vocab, count("max_positions", _MAX_TOKENS),
+                   tuple(eos), count("kv_cache_memory", MAX_CACHE_BYTES),
+                   count("block_size", 1 << 16), count("prefill_chunk", _MAX_TOKENS),
+                   count("max_batch_tokens", _MAX_TOKENS), dtype)
+
+
+def read_generation(section: Any, manifest: Mapping[str, Any],
+                    files: Mapping[str, Any]) -> GenerationSpec:
+    """The whole `generation` section, checked for form when the manifest is read: the spec
+    above, the prefill forward's specs, the tokenizer's files (listed, under tokenizer/)."""
+    spec = GenerationSpec.from_manifest(section, "manifest.json")
+    forward = section.get("forward")
+    if not isinstance(forward, dict):
+        raise _field("forward", forward, "an object of inputs and outputs")
+    scoped = {"symbols": manifest.get("symbols", {}), **forward}
+    for key in ("inputs", "outputs"):
+        specs_from_manifest(scoped, key, prefix="generation.forward.")
+    names = section.get("tokenizer") or []
+    if not isinstance(names, list) or len(names) > 64 or not all(
+            isinstance(n, str) and n.startswith("tokenizer/") and n in files for n in names):
+        raise _field("tokenizer", names, "a list of files under tokenizer/ listed in files")
+    vision = section.get("vision")
+    if vision is not None and not isinstance(vision, dict):
+        raise _field("vision", vision, "an object")
+    return spec
+
+
+def _field(key: str, value: Any, expected: str) -> ArtifactError:
+    return ArtifactError(f"manifest.json: generation.{key} is {_short(value)}, not {expected}",
+                         f"manifest.json: generation.{key}",
+                         "the artifact is corrupted or was edited; recompile it")
+
+
+def checked_cache_memory(spec: GenerationSpec, override: int | None) -> int:
+    """The pool size to allocate (`override`, else the artifact's), refused when it is more
+    than the memory this process can still take: numpy raised MemoryError for 2**50 bytes,
+    and a size just under the machine's memory got the process killed as the pool filled."""
+    size = override or spec.kv_cache_memory
+    free = available_bytes()
+    if free is None or size <= free:
+        return size
+    said = (f"kv_cache_memory={override} ({_gib(override)})" if override else
+            f"the artifact's generation.kv_cache_memory, {size} bytes ({_gib(size)}),")
+    error = InputError if override else ArtifactError
+    raise error(f"{said} is more than the {free} bytes ({_gib(free)}) of memory available "
+                "here", "kv_cache_memory" if override else "manifest.json: "
+                "generation.kv_cache_memory",
+                f"give the KV cache at most {_gib(free)}: `--kv-cache-memory SIZE` (dayzero "
+                "generate / serve) or runtime.load(..., kv_cache_memory=SIZE)")
+
+
+def _gib(size: int) -> str:
+    return f"{size / 2**30:.3g} GiB"
+
+
+def check_step_graph(spec: GenerationSpec, inputs: Sequence[TensorSpec],
+                     outputs: Sequence[TensorSpec], where: str) -> None:
+    """The generation settings are the step graph's (whose specs are proven equal to
+    graph.dzir's at load): the logits' vocabulary, one key and value output and one cache
+    pool pair per layer of the recorded widths and pool dtype, the longest step the graph
+    takes. An edited section would otherwise fail at the first step, blamed on the caller, or
+    size the pools wrongly."""
+    def fail(what: str) -> ArtifactError:
+        return ArtifactError(f"the artifact is inconsistent: manifest.json {what}",
+                             f"{where}: generation", "recompile the artifact: it was edited or "
+                             "corrupted after it was written")
+
+    if len(outputs) != 1 + 2 * len(spec.layers):
+        raise fail(f"lists {len(spec.layers)} cache layers (generation.layers), but the step "
+                   f"graph has {len(outputs)} outputs, not the logits and a key and value per "
+                   "layer")
+    vocab = outputs[0].shape[-1] if outputs[0].shape else None
+    if vocab != spec.vocab_size:
+        raise fail(f"says generation.vocab_size = {spec.vocab_size}, but the step graph's "
+                   f"logits {outputs[0]} have {vocab}")
+    by_name = {s.name: s for s in inputs}
+    pool_dtype = CACHE_DTYPES[spec.kv_cache_dtype]
+    for i, layer in enumerate(spec.layers):
+        for kind, width, output in (("k", layer.head_size, outputs[1 + 2 * i]),
+                                    ("v", layer.value_size, outputs[2 + 2 * i])):
+            pool = by_name.get(f"{kind}_cache_{i}")
+            want = (layer.kv_heads, width)
+            if pool is None or tuple(pool.shape[1:]) != want or pool.dtype != pool_dtype \
+                    or tuple(output.shape[1:]) != want:
+                raise fail(f"says generation.layers[{i}] caches {want} {pool_dtype} per token, "
+                           f"but the step graph has {pool or f'no {kind}_cache_{i}'} and "
+                           f"output {output}")
+    ids = inputs[0] if inputs else None
+    tokens = ids.shape[1] if ids is not None and len(ids.shape) > 1 else None
+    hi = ids.ranges.get(tokens, (None, None))[1] if isinstance(tokens, str) else None
+    if hi != spec.max_positions:
+        raise fail(f"says generation.max_positions = {spec.max_positions}, but the step graph "
+                   f"takes {ids} with {tokens} up to {hi}")
