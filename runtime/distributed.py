@@ -130,6 +130,8 @@ class RankModel:
             from .rank_exec import RankExecutor
 
             self.artifact = open_artifact(path, verify=verify, rank=self.env.rank)
+            # the manifest's specs proven equal to the graph's before they are trusted
+            self.artifact.check_consistency(self.input_specs, self.output_specs)
             self.program = RankExecutor(self.artifact, self.env.rank)
         except BaseException as exc:
             self.comm.watchdog.fail(_describe(exc))
@@ -479,6 +481,7 @@ class LaunchedModel:
         self.nproc = world_size(artifact.manifest)
         self.input_specs = specs_from_manifest(artifact.manifest, "inputs")
         self.output_specs = specs_from_manifest(artifact.manifest, "outputs")
+        artifact.check_consistency(self.input_specs, self.output_specs)
         self.last_timing: dict[str, float] | None = None
         self.index_ranges = read_index_inputs(artifact.manifest,
                                               [s.name for s in self.input_specs])

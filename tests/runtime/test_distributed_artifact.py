@@ -130,3 +130,20 @@ def test_inspect_prints_stages_and_the_communication_report(tmp_path, capsys):
     assert main(["inspect", str(path), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)["communication"]
     assert report["total"]["count"] == 28
+
+
+def test_a_partitioned_artifact_with_an_edited_output_shape_is_refused_at_load(tmp_path):
+    """The launcher and each rank check the manifest against the graph (issue 33): an output
+    shape edited in manifest.json alone is named as an inconsistent artifact at load, not a
+    lowering bug after the ranks ran."""
+    import runtime
+    from runtime.distributed import LaunchedModel
+
+    path = tmp_path / "tp2.dz"
+    _compile(path, {"tensor_parallel": 2})
+    assert isinstance(runtime.load(path), LaunchedModel)
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["outputs"][0]["shape"] = [1, "2*s0", 7]
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="the artifact is inconsistent"):
+        runtime.load(path)

@@ -3,6 +3,7 @@ the collective timeout given to runtime.load."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -90,9 +91,12 @@ def fake_partitioned(tmp_path) -> Path:
     out = tmp_path / "p.dz"
     out.mkdir()
     ranks = [{"rank": r, "graph": "graph.dzir", "weights": []} for r in (0, 1)]
+    graph = b"graph g() {\n}\n"
+    (out / "graph.dzir").write_bytes(graph)
+    listed = {"graph.dzir": {"size": len(graph), "sha256": hashlib.sha256(graph).hexdigest()}}
     (out / "manifest.json").write_text(json.dumps({
-        "format": "dayzero-artifact", "format_version": 1, "backend": "reference", "graph": "g",
-        "inputs": [], "outputs": [], "symbols": {}, "files": {},
+        "format": "dayzero-artifact", "format_version": 1, "backend": "reference",
+        "graph": "graph.dzir", "inputs": [], "outputs": [], "symbols": {}, "files": listed,
         "parallel": {"world_size": 2, "ranks": ranks}}))
     return out
 
