@@ -270,8 +270,13 @@ def worker(pristine: dict[str, str]) -> None:
     from compiler.errors import DayzeroError
 
     resource.setrlimit(resource.RLIMIT_AS, (WORKER_MEMORY, WORKER_MEMORY))
+    # answers go to a private copy of stdout; whatever else writes to stdout (a library's print,
+    # a native warning on fd 1) goes to stderr, so it cannot be taken for an answer
+    answers = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     expected = {kind: _run(kind, path) for kind, path in pristine.items()}
-    print(json.dumps({"ready": True}), flush=True)
+    print(json.dumps({"ready": True}), file=answers, flush=True)
     for line in sys.stdin:
         kind, path = line.rstrip("\n").split(" ", 1)
         try:
@@ -284,7 +289,7 @@ def worker(pristine: dict[str, str]) -> None:
                 raise
             answer = {"outcome": "raw", "detail": f"{type(err).__name__}: {str(err)[:300]}",
                       "where": _last_frame(err)}
-        print(json.dumps(answer), flush=True)
+        print(json.dumps(answer), file=answers, flush=True)
 
 
 def _last_frame(err: BaseException) -> str:

@@ -99,12 +99,22 @@ class Artifact:
 
     def graph_text(self, rank: int | None = None) -> str:
         """A rank's graph (None: the rank opened for, else 0)."""
-        return self.file(self._rank(rank)["graph"], "rank graph").read_text()
+        return self._text(self._rank(rank)["graph"], "rank graph")
 
     def global_graph_text(self) -> str:
         """The manifest's top-level `graph`: for a partitioned artifact the annotated global
         graph (inspection only), else the one graph."""
-        return self.file(self.manifest["graph"], "graph").read_text()
+        return self._text(self.manifest["graph"], "graph")
+
+    def _text(self, relpath: str, what: str) -> str:
+        """A listed text file, which must be UTF-8 (IR text is)."""
+        data = self.file(relpath, what).read_bytes()
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ArtifactError(f"{relpath} is not UTF-8 text (byte {exc.start}: "
+                                f"{exc.reason})", str(self.root / relpath),
+                                "the artifact is corrupted or was edited; recompile it") from None
 
     def payload_path(self, relpath: str) -> Path:
         """Path of a payload file under backend/ (which must be listed in the manifest)."""

@@ -176,7 +176,7 @@ class TritonBackend(Backend):
             stored = json.loads(artifact.payload_path(KERNELS_FILE).read_text())
             foreign = [Segment(s["backend"], tuple(s["nodes"]), tuple(s["inputs"]),
                                tuple(s["outputs"])) for s in stored.get("segments", [])]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
             raise ArtifactError(f"cannot read the kernel list: {exc}", where,
                                 "recompile the model") from None
         steps = _plan_untrusted(graph, foreign, f"{artifact.root}/graph.dzir")

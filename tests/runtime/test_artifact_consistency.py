@@ -231,3 +231,15 @@ def test_mutated_generation_sections_fail_cleanly_or_generate_the_same(generatio
         np.testing.assert_array_equal(got, expected, err_msg=f"case {case}")
         outcomes["same"] += 1
     assert outcomes["error"] > 20 and outcomes["same"] > 0, outcomes
+
+
+def test_a_graph_that_is_not_utf8_is_an_artifact_error(artifact):
+    """graph.dzir edited to hold invalid UTF-8 (and re-hashed): named, not a UnicodeDecodeError."""
+    import hashlib
+
+    data = (artifact / "graph.dzir").read_bytes() + b"\xed\xa0\x80\n"
+    (artifact / "graph.dzir").write_bytes(data)
+    edit(artifact, lambda m: m["files"]["graph.dzir"].update(
+        size=len(data), sha256=hashlib.sha256(data).hexdigest()))
+    err = refused(artifact)
+    assert isinstance(err, ArtifactError) and "graph.dzir is not UTF-8 text" in err.what, err
