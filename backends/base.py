@@ -9,10 +9,12 @@ data (`Capabilities`), so coverage reports and partitioners read them without ru
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
 
 if TYPE_CHECKING:
     from compiler.ir import Graph, Node
@@ -27,6 +29,76 @@ class WeightLocation:
     nbytes: int
     dtype: str  # IR dtype name
     shape: tuple[int, ...]
+    # (source weight, layout name) when the writer computed this tensor from a graph weight
+    # (`Backend.derived_weights`); None for a graph weight stored as it is. Known at compile
+    # time only (the runtime reads it from the manifest's `derived_weights`).
+    derived: tuple[str, str] | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class WeightLayout:
+    """A reordering of one weight into the layout a kernel reads, as pure NumPy functions.
+
+    The writer applies `forward` to one tensor at a time as it writes it (compile time), so a
+    load maps the stored bytes straight into the kernel; `inverse` gives the graph's own layout
+    back to a reader that needs it (`dayzero align`'s reference run). `shape` is the stored
+    tensor's shape for a source of the given shape, or None when the source does not fit."""
+
+    forward: Callable[[np.ndarray], np.ndarray]
+    inverse: Callable[[np.ndarray], np.ndarray]
+    shape: Callable[[tuple[int, ...]], tuple[int, ...] | None]
+
+
+PANEL = 32  # output columns per panel of ai.dayzero.PackedLinear (native/packed_linear.h)
+
+
+def _panels(weight: np.ndarray) -> np.ndarray:
+    n, k = weight.shape
+    return np.ascontiguousarray(weight.reshape(n // PANEL, PANEL, k).transpose(0, 2, 1))
+
+
+def _unpanel(panels: np.ndarray) -> np.ndarray:
+    tiles, k, width = panels.shape
+    return np.ascontiguousarray(panels.transpose(0, 2, 1)).reshape(tiles * width, k)
+
+
+def _panel_shape(shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    if len(shape) != 2 or shape[0] % PANEL:
+        return None
+    return (shape[0] // PANEL, shape[1], PANEL)
+
+
+# Layout name (recorded in the manifest's `derived_weights`) -> how to make and undo it. Data:
+# a backend names layouts, the writer and the runtime look them up here.
+WEIGHT_LAYOUTS: dict[str, WeightLayout] = {
+    # [N, K] -> [N/32, K, 32]: panels of 32 output columns, each stored input-major
+    "panels32": WeightLayout(_panels, _unpanel, _panel_shape),
+}
+
+
+def with_sources(weights: Mapping[str, Any], derived: Mapping[str, Mapping[str, str]] | None,
+                 wrap: Callable[[np.ndarray], Any] = lambda a: a) -> dict[str, Any]:
+    """`weights` (by stored name) plus every graph weight the artifact stores only in a
+    kernel's layout (its manifest's `derived_weights`), read back through the layout's
+    inverse and passed to `wrap` (e.g. torch.from_numpy): a copy, for readers that need the
+    graph's own layout (`dayzero align`'s reference run), never on a backend's load path."""
+    out = dict(weights)
+    for name, entry in (derived or {}).items():
+        source, layout = entry.get("source"), WEIGHT_LAYOUTS.get(entry.get("layout", ""))
+        if source not in out and name in weights and layout is not None:
+            out[source] = wrap(layout.inverse(np.asarray(weights[name])))
+    return out
+
+
+@dataclass(frozen=True)
+class DerivedWeight:
+    """A tensor the artifact stores computed from graph weight `source` by `WEIGHT_LAYOUTS
+    [layout]`. `replaces`: the kernel is the source's only reader, so the source itself is
+    not stored (one copy of the bytes); otherwise both are."""
+
+    source: str
+    layout: str
+    replaces: bool = True
 
 
 @dataclass(frozen=True)
@@ -127,6 +199,14 @@ class Backend(ABC):
     def lower(self, graph: Graph, weights: Mapping[str, WeightLocation],
               options: Mapping[str, Any]) -> dict[str, bytes]:
         """Payload files (path under backend/ -> bytes) for a graph whose weights are laid out."""
+
+    def derived_weights(self, graph: Graph, options: Mapping[str, Any]
+                        ) -> Mapping[str, DerivedWeight]:
+        """{stored name: DerivedWeight}: weights to store in the layout this backend's kernels
+        read, computed by the writer one tensor at a time before `lower` (which then finds
+        them in its `weights`, each location's `derived` naming its source and layout).
+        Default: none, every weight is stored as the graph has it."""
+        return {}
 
     @abstractmethod
     def load(self, artifact: ArtifactView) -> Executable:

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from backends.base import ArtifactView, Backend, Capabilities, WeightLocation
+from backends.base import ArtifactView, Backend, Capabilities, DerivedWeight, WeightLocation
 from compiler.errors import DayzeroError
 
 from .external_data import check_external_data
@@ -113,6 +113,17 @@ class OnnxRuntimeBackend(Backend):
         payload[RECORD] = json.dumps(record, indent=1).encode()
         return payload
 
+    def derived_weights(self, graph: Graph, options: Mapping[str, Any]
+                        ) -> Mapping[str, DerivedWeight]:
+        """The weights stored in the layout dayzero's native kernels read (lower.derived_weights),
+        for the kernels `lower` will choose with these options."""
+        from .lower import derived_weights
+        from .probe import installed_kernels
+
+        kernels = installed_kernels()
+        excluded = _excluded_kernels(dict(options or {}).get("exclude_kernels"), kernels)
+        return derived_weights(graph, kernels.without(excluded))
+
     def describe(self, artifact: ArtifactView) -> str:
         """Which ONNX ops each IR node became, and the session options."""
         return format_node_map(read_record(artifact))
@@ -185,7 +196,9 @@ def select_model(record: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     warnings.warn(f"dayzero's native kernel(s) {', '.join(missing)} are not available here "
                   f"({LIBRARY} is not built or does not load into this onnxruntime); running "
                   f"the artifact's portable model backend/{portable['model']}, which uses "
-                  "ONNX Runtime's own kernels instead (slower, same results)",
+                  "ONNX Runtime's own kernels instead (slower, same results) and copies the "
+                  "weights those kernels store in their own layout into ONNX Runtime's at "
+                  "load (more memory and load time)",
                   PortableFallbackWarning, stacklevel=3)
     chosen = {**record, "variants": portable.get("variants", {}), "nodes": portable["nodes"]}
     return str(portable["model"]), chosen

@@ -56,6 +56,15 @@ class Builder:
         self.symbol_ranges: Mapping[str, tuple[int, int | None]] = {}
         self.weight_data: Mapping[str, Any] = {}
         self.position_tables: Any = None  # the graph's `position_tables` analysis
+        # graph weights by IR value id, and {(weight, layout): stored name} for the weights the
+        # artifact also (or only) stores in a kernel's layout (see lower.derived_weights)
+        self.weight_names: dict[int, str] = {}
+        self.layouts: dict[tuple[str, str], str] = {}
+
+    def stored_layout(self, value: Any, layout: str) -> str | None:
+        """The initializer holding graph weight `value` in `layout`, when the artifact stores
+        it so (a kernel then reads those bytes as they are); None otherwise."""
+        return self.layouts.get((self.weight_names.get(id(value), ""), layout))
 
     # -- names ---------------------------------------------------------------------------------
     def fresh(self, hint: str = "t") -> str:

@@ -8,7 +8,8 @@ the missing op, and moves on to the next variant; the op's standard converter in
 the final fallback and always works.
 
 Listed: linear (dayzero's own PackedLinear on a constant float32 weight where its library is
-built, see convert_packed_linear; else FusedMatMul, no reshapes), gelu (Gelu / FastGelu), silu
+built, read from the artifact in its panel layout, see convert_packed_linear; else FusedMatMul,
+no reshapes), gelu (Gelu / FastGelu), silu
 (QuickGelu), the residual norms (SkipSimplifiedLayerNormalization / SkipLayerNormalization),
 attention (MultiHeadAttention) and the whole attention block with rotary (dayzero's own
 CausalAttention where its library is built, else GroupQueryAttention, see convert_heads and
@@ -37,7 +38,7 @@ from .convert_fused import add_layer_norm, add_rms_norm, matmul_nbits, skip_norm
 from .convert_int4 import int4_fits, matmul_int4
 from .convert_moe import moe, moe_fits, qmoe_fits
 from .convert_nn import linear_fused_matmul
-from .convert_packed_linear import packed_linear, packed_linear_fits
+from .convert_packed_linear import PANELS, packed_linear, packed_linear_fits
 from .convert_paged import paged_attention, paged_fits
 from .native_ops import DOMAIN as NATIVE_DOMAIN
 from .probe import KernelSet, OrtKernel
@@ -55,6 +56,9 @@ class Variant:
     requires: tuple[OrtKernel, ...]
     fits: Callable[[Node], str | None]
     emit: Converter
+    # (input index, layout name in backends.base.WEIGHT_LAYOUTS): stored weights this kernel
+    # reads in another layout, which the artifact stores that way (`lower.derived_weights`)
+    layouts: tuple[tuple[int, str], ...] = ()
 
 
 def _float32(node: Node) -> str | None:
@@ -88,7 +92,7 @@ def _mha_fits(node: Node) -> str | None:
 VARIANTS: dict[str, tuple[Variant, ...]] = {
     "linear": (
         Variant("ai.dayzero.PackedLinear", (OrtKernel(NATIVE_DOMAIN, "PackedLinear"),),
-                packed_linear_fits, packed_linear),
+                packed_linear_fits, packed_linear, layouts=((1, PANELS),)),
         Variant("com.microsoft.FusedMatMul", (OrtKernel(MS, "FusedMatMul"),), _batched_linear,
                 linear_fused_matmul),
     ),

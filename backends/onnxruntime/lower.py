@@ -6,6 +6,11 @@
   files (location relative to the artifact root, offset and length of the tensor's bytes), so
   model.onnx holds only the graph and the artifact holds each weight once; small integer
   weights, which ORT's shape inference reads as data, are stored inline (`_initializer`).
+- A weight a native kernel reads in its own layout is stored in that layout (`derived_weights`
+  plans it from the variant table's `layouts`; the writer computes it), and the kernel's
+  initializer points at those bytes. A graph weight stored only so is read by any other node
+  through the inverse ops (`INVERSES`), constant inputs ORT folds at load: a copy, which only a
+  model without the kernel (the portable one) makes.
 - Every IR node goes through `op_table` (or a fused variant from `fused`), and the ONNX ops it
   became are recorded for `dayzero inspect`.
 """
@@ -13,6 +18,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,13 +27,15 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from backends.base import WeightLocation
+from backends.base import DerivedWeight, WeightLocation
 from compiler.errors import DayzeroError
 from compiler.ir import DType, Graph, Node, TensorType, format_node
+from compiler.ir.ops.fused import Emitter, decompose_into
 from compiler.ir.symbolic import dim_str
 
-from . import op_table
+from . import fused, op_table
 from .builder import ONNX_DTYPES, Builder, qualified_op
+from .convert_packed_linear import PANELS, unpanel
 from .position_tables import POSITION_TABLES
 from .probe import KernelSet, installed_kernels
 from .symdims import symbol_sources
@@ -49,6 +57,60 @@ INLINE_ELEMENTS = {**dict.fromkeys((DType.i64, DType.i32, DType.i16, DType.i8, D
 # outputs of these types cross the session boundary as float32 (exact: every such value is a
 # float32) and are cast inside the model; the executable converts with ml_dtypes.
 WIDE_IO = frozenset({DType.bf16, DType.f8e4m3, DType.f8e5m2})
+
+
+# Layout name -> the ops that give a graph weight back from its stored layout
+INVERSES = {PANELS: unpanel}
+
+
+def derived_weights(graph: Graph, kernels: KernelSet) -> dict[str, DerivedWeight]:
+    """{stored name: DerivedWeight} for the weights a chosen kernel reads in another layout
+    (`fused.Variant.layouts`). The source is replaced (not stored) when such kernels are its
+    only readers; a weight also read elsewhere (tied embeddings and lm_head) is stored in both
+    layouts, so neither reader copies it at load (the embedding's Gather touches only the rows
+    it reads of the mapped file)."""
+    names = {id(v): name for name, v in graph.weights.items()}
+    readers = {names[id(v)]: 1 for v in graph.outputs if id(v) in names}
+    wanted: dict[tuple[str, str], int] = {}
+    for node, variant in _lowered_nodes(graph.nodes, kernels):
+        for v in node.inputs:
+            if v is not None and id(v) in names:
+                readers[names[id(v)]] = readers.get(names[id(v)], 0) + 1
+        for index, layout in variant.layouts if variant is not None else ():
+            source = names.get(id(node.inputs[index]))
+            if source is not None:
+                wanted[source, layout] = wanted.get((source, layout), 0) + 1
+    plan = {}
+    for (source, layout), uses in wanted.items():
+        stored = f"{source}.{layout}"
+        if stored not in graph.weights and source in graph.weight_data:
+            plan[stored] = DerivedWeight(source, layout, replaces=uses == readers[source])
+    return plan
+
+
+def _lowered_nodes(nodes, kernels: KernelSet):
+    """(node, fused variant or None) for each node as `op_table.lower_node` will lower it, a
+    decomposed op's inner nodes in its place (their inputs are the op's own values)."""
+    from .convert_fused import decomposed
+
+    for node in nodes:
+        if op_table.limit(node) is not None:
+            yield node, None
+            continue
+        with warnings.catch_warnings():  # the lowering warns about missing kernels itself
+            warnings.simplefilter("ignore", fused.ContribFallbackWarning)
+            variant = fused.choose(node, kernels)
+        if variant is None and op_table.CONVERTERS[node.op] is decomposed:
+            yield from _lowered_nodes(_decomposition(node), kernels)
+        else:
+            yield node, variant
+
+
+def _decomposition(node: Node) -> list[Node]:
+    """The nodes `convert_fused.decomposed` lowers in place of `node`."""
+    emitter = Emitter(Graph(f"decomposed_{node.op}"))
+    decompose_into(emitter, node)
+    return list(emitter.created)
 
 
 @dataclass
@@ -80,6 +142,14 @@ def lower_graph(graph: Graph, weights: Mapping[str, WeightLocation],
     env = b.value_names
     env.update({id(v): _narrow_input(b, v) for v in graph.inputs})
     env.update({id(v): name for name, v in graph.weights.items()})
+    b.weight_names = {id(v): name for name, v in graph.weights.items()}
+    derived = {name: loc for name, loc in weights.items() if loc.derived is not None}
+    b.layouts = {loc.derived: name for name, loc in derived.items()}
+    for stored, loc in derived.items():  # a weight stored only in a kernel's layout
+        source, layout = loc.derived
+        if source in graph.weights and source not in weights:
+            env[id(graph.weights[source])] = INVERSES[layout](
+                b, stored, graph.weights[source].type.shape)
     record = []
     for node in graph.nodes:
         record.append(_lower_node(b, graph, node, env))
@@ -89,7 +159,10 @@ def lower_graph(graph: Graph, weights: Mapping[str, WeightLocation],
     for entry in record:  # what each IR node became, less what no output needs
         entry["onnx"] = [kept[n] for n in entry.pop("_emitted") if n in kept]
     read = {name for node in nodes for name in node.input} | set(outputs)
-    initializers = [_initializer(name, graph, weights) for name in graph.weights]
+    initializers = [_initializer(name, graph, weights) for name in graph.weights
+                    if name in weights or not _replaced(name, derived)]
+    initializers += [_derived_initializer(name, weights[name]) for name in derived
+                     if name in read]
     onnx_graph = helper.make_graph(
         nodes, graph.name, [_value_info(v.name, _io_type(v.type)) for v in graph.inputs],
         [_value_info(name, _io_type(v.type)) for name, v in zip(outputs, graph.outputs)],
@@ -206,17 +279,31 @@ def _initializer(name: str, graph: Graph, weights: Mapping[str, WeightLocation])
     return _external(name, graph, weights)
 
 
+def _replaced(name: str, derived: Mapping[str, WeightLocation]) -> bool:
+    """Whether graph weight `name` is stored only in a kernel's layout."""
+    return any(loc.derived[0] == name for loc in derived.values())
+
+
+def _derived_initializer(name: str, loc: WeightLocation) -> TensorProto:
+    """The external initializer of a tensor stored in a kernel's layout."""
+    return _external_tensor(name, ONNX_DTYPES[DType(loc.dtype)], loc.shape, loc)
+
+
 def _external(name: str, graph: Graph, weights: Mapping[str, WeightLocation]) -> TensorProto:
     """An initializer whose bytes stay in the safetensors file, referenced by offset and length."""
     if name not in weights:
         raise DayzeroError(f"weight '{name}' has no location in the artifact", f"weight {name}",
                            "write the weights before lowering "
                            "(compiler.writer.write_artifact)")
-    loc, value = weights[name], graph.weights[name]
+    value = graph.weights[name]
+    return _external_tensor(name, ONNX_DTYPES[value.type.dtype], value.type.shape, weights[name])
+
+
+def _external_tensor(name: str, data_type: int, shape, loc: WeightLocation) -> TensorProto:
     tensor = TensorProto()
     tensor.name = name
-    tensor.data_type = ONNX_DTYPES[value.type.dtype]
-    tensor.dims.extend(int(d) for d in value.type.shape)
+    tensor.data_type = data_type
+    tensor.dims.extend(int(d) for d in shape)
     tensor.data_location = TensorProto.EXTERNAL
     for key, val in (("location", loc.file), ("offset", str(loc.offset)),
                      ("length", str(loc.nbytes))):

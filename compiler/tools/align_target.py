@@ -62,7 +62,13 @@ def target_from_artifact(path: str | Path) -> AlignTarget:
     """Align an artifact's backend against its own graph on the reference interpreter."""
     artifact = _open(path)
     graph = parse_ir(artifact.graph_text(), source=f"{path}/graph.dzir")
-    return AlignTarget(artifact, graph, graph, artifact.weights("torch"),
+    import torch
+
+    from backends.base import with_sources
+
+    weights = with_sources(artifact.weights("torch"), artifact.manifest.get("derived_weights"),
+                           torch.from_numpy)
+    return AlignTarget(artifact, graph, graph, weights,
                        f"reference interpreter on {path}/graph.dzir")
 
 

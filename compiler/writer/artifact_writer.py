@@ -43,7 +43,7 @@ from runtime.artifact import (
 from runtime.index_inputs import index_inputs_json
 from runtime.stale_dirs import MARKER, make_marked_dir, sweep, unmark
 
-from .hashed_files import put_file, write_weights
+from .hashed_files import derived_manifest, put_file, write_weights
 from .rank_writer import write_ranks
 
 DEFAULT_SHARD_BYTES = 2 * 2**30
@@ -51,7 +51,7 @@ DEFAULT_SHARD_BYTES = 2 * 2**30
 # Keys the writer owns; `manifest_extra` may add others (pipeline, config, ...) but not these.
 _OWN_KEYS = frozenset({"format", "format_version", "producer", "producer_version", "backend",
                        "backend_options", "graph", "inputs", "outputs", "symbols", "files",
-                       "index_inputs"})
+                       "index_inputs", "derived_weights"})
 
 # -- writing -----------------------------------------------------------------------------------
 
@@ -105,7 +105,9 @@ def _write_into(tmp: Path, out: Path, graph: Graph, target: Backend, options: di
                 extra: dict[str, Any], force: bool, progress, shard_bytes: int, ranks,
                 files: dict[str, dict[str, Any]]) -> None:
     if ranks is None:
-        shard_files = _fill(tmp, graph, target, options, files, progress, shard_bytes)
+        shard_files, derived = _fill(tmp, graph, target, options, files, progress, shard_bytes)
+        if derived:
+            extra["derived_weights"] = derived_manifest(derived)
     else:
         entries = write_ranks(tmp, ranks, target, options, files, progress, shard_bytes)
         put_file(tmp, GRAPH, print_ir(graph).encode(), files)
@@ -178,9 +180,14 @@ def _extra_path(rel: str) -> str:
 
 
 def _fill(root: Path, graph: Graph, backend: Backend, options: dict[str, Any],
-          files: dict[str, dict[str, Any]], progress, shard_bytes: int) -> list[str]:
-    """Weights, then the backend payload (it needs their locations), then the graph text."""
-    locations, shard_files = write_weights(root, graph, files, progress, shard_bytes)
+          files: dict[str, dict[str, Any]], progress, shard_bytes: int
+          ) -> tuple[list[str], dict[str, Any]]:
+    """Weights (those the backend wants in its kernels' layout computed as they are written),
+    then the backend payload (it needs their locations), then the graph text. Returns the
+    weight files and the derived weights written."""
+    derived = dict(backend.derived_weights(graph, options))
+    locations, shard_files = write_weights(root, graph, files, progress, shard_bytes,
+                                           derived=derived)
     payload = backend.lower(graph, locations, options)
     for rel, data in sorted(payload.items()):
         if isinstance(data, str):
@@ -188,7 +195,7 @@ def _fill(root: Path, graph: Graph, backend: Backend, options: dict[str, Any],
         put_file(root, f"{PAYLOAD_DIR}/{safe_relpath(rel, 'backend payload')}", bytes(data),
                  files)
     put_file(root, GRAPH, print_ir(graph).encode(), files)
-    return shard_files
+    return shard_files, derived
 
 
 def _manifest(graph: Graph, backend: str, options: dict[str, Any], extra: dict[str, Any],

@@ -1,21 +1,28 @@
 """Files of an artifact, each written with its size and sha256 recorded for the manifest.
 
 Shared by the single-model writer (`artifact_writer`) and the per-rank writer (`rank_writer`).
+Weights a backend asks for in its kernels' layout (`Backend.derived_weights`) are computed
+here, one tensor at a time as the file is written (`DerivedData`), and stored instead of the
+graph's layout when the kernel is their only reader: a load then maps them unchanged.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from backends import WeightLocation
+from backends.base import WEIGHT_LAYOUTS, DerivedWeight
 from compiler.errors import DayzeroError
 from compiler.ir import Graph, symbolic
+from compiler.ir.weights import is_lazy
 from runtime import safetensors_io as st
 from runtime.artifact import WEIGHTS_DIR
+from runtime.to_numpy import to_numpy
 
 
 def put_file(root: Path, rel: str, data: bytes, files: dict[str, dict[str, Any]]) -> None:
@@ -35,11 +42,17 @@ def put_file(root: Path, rel: str, data: bytes, files: dict[str, dict[str, Any]]
 
 
 def write_weights(root: Path, graph: Graph, files: dict[str, dict[str, Any]], progress,
-                  shard_bytes: int, folder: str = WEIGHTS_DIR
+                  shard_bytes: int, folder: str = WEIGHTS_DIR,
+                  derived: Mapping[str, DerivedWeight] | None = None
                   ) -> tuple[dict[str, WeightLocation], list[str]]:
     """The graph's weights as safetensors shards in `folder`, recorded in `files`; returns
-    where each weight's bytes lie (what `lower` needs) and the shard files."""
+    where each weight's bytes lie (what `lower` needs) and the shard files. `derived` tensors
+    are written too, and a source every one of its derived tensors replaces is not."""
+    derived = dict(derived or {})
     specs = {name: _weight_spec(graph, name) for name in graph.weights}
+    dropped = replaced_sources(derived)
+    specs = {name: spec for name, spec in specs.items() if name not in dropped}
+    specs.update({name: _derived_spec(graph, name, d) for name, d in derived.items()})
     sizes = [(name, _nbytes(*spec)) for name, spec in specs.items()]
     shards = st.plan_shards(sizes, shard_bytes)
     try:
@@ -52,12 +65,50 @@ def write_weights(root: Path, graph: Graph, files: dict[str, dict[str, Any]], pr
     for index, names in enumerate(shards):
         rel = f"{folder}/model-{index + 1:05d}-of-{len(shards):05d}.safetensors"
         entries, digest, size = st.write_file(root / rel, {n: specs[n] for n in names},
-                                              graph.weight_data, progress)
+                                              DerivedData(graph.weight_data, derived), progress)
         files[rel] = {"size": size, "sha256": digest}
         shard_files.append(rel)
         for e in entries:
-            locations[e.name] = WeightLocation(rel, e.begin, e.nbytes, e.dtype.value, e.shape)
+            how = (derived[e.name].source, derived[e.name].layout) if e.name in derived else None
+            locations[e.name] = WeightLocation(rel, e.begin, e.nbytes, e.dtype.value, e.shape,
+                                               how)
     return locations, shard_files
+
+
+def replaced_sources(derived: Mapping[str, DerivedWeight]) -> set[str]:
+    """Graph weights not stored: every derived tensor made from them replaces them."""
+    sources = {d.source for d in derived.values()}
+    kept = {d.source for d in derived.values() if not d.replaces}
+    return sources - kept
+
+
+def derived_manifest(derived: Mapping[str, DerivedWeight]) -> dict[str, dict[str, str]]:
+    """The manifest's `derived_weights`: {stored name: {"source", "layout"}}, so an artifact
+    says which stored tensors are a graph weight in a kernel's layout (and which layout)."""
+    return {name: {"source": d.source, "layout": d.layout} for name, d in sorted(derived.items())}
+
+
+class DerivedData(Mapping):
+    """`weight_data` with the derived tensors added, each computed from its source only when
+    the writer reads it, so at most one source and its reordering are in memory at a time."""
+
+    def __init__(self, data: Mapping[str, Any], derived: Mapping[str, DerivedWeight]):
+        self._data, self._derived = data, derived
+
+    def __getitem__(self, name: str) -> Any:
+        spec = self._derived.get(name)
+        if spec is None:
+            return self._data[name]
+        source = self._data[spec.source]
+        array = to_numpy(source.load() if is_lazy(source) else source)
+        return WEIGHT_LAYOUTS[spec.layout].forward(array)
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._data
+        yield from (n for n in self._derived if n not in self._data)
+
+    def __len__(self) -> int:
+        return len(self._data) + sum(n not in self._data for n in self._derived)
 
 
 def _weight_spec(graph: Graph, name: str):
@@ -69,6 +120,24 @@ def _weight_spec(graph: Graph, name: str):
         raise DayzeroError(f"weight '{name}' has no data in graph.weight_data", f"weight {name}",
                            "load or export the model's weights before writing the artifact")
     return value.type.dtype, tuple(int(d) for d in value.type.shape)
+
+
+def _derived_spec(graph: Graph, name: str, spec: DerivedWeight):
+    """The stored dtype and shape of a derived tensor, its declaration checked."""
+    where, fix = f"derived weight {name}", "report this as a dayzero bug (the backend's plan)"
+    if name in graph.weights:
+        raise DayzeroError(f"derived weight '{name}' has the name of a graph weight", where, fix)
+    layout = WEIGHT_LAYOUTS.get(spec.layout)
+    if spec.source not in graph.weights or layout is None:
+        raise DayzeroError(f"derived weight '{name}' names source '{spec.source}' and layout "
+                           f"'{spec.layout}'; the graph or the layout table has no such entry",
+                           where, fix)
+    dtype, shape = _weight_spec(graph, spec.source)
+    stored = layout.shape(shape)
+    if stored is None:
+        raise DayzeroError(f"layout '{spec.layout}' does not fit weight '{spec.source}' of "
+                           f"shape {list(shape)}", where, fix)
+    return dtype, tuple(stored)
 
 
 def _nbytes(dtype, shape) -> int:

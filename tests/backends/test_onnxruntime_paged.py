@@ -189,6 +189,7 @@ def _e2e_graph(tables_rank: int) -> tuple[Graph, dict[str, np.ndarray]]:
     """paged_attention with a symbolic token count, rotary tables [.., tokens, head_size]."""
     step = Step([(11, 5), (30, 1), (7, 1)], attrs=dict(window=9))
     g = Graph("paged")
+    g.symbols["s0"] = (1, 4096)  # the step's token count (the artifact declares its symbols)
     arrays = step.arrays()
     lead = (1,) * (tables_rank - 2)
     values = []

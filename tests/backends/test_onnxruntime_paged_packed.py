@@ -63,6 +63,7 @@ def _sliced_graph(v_size: int | None) -> tuple[Graph, dict[str, np.ndarray]]:
     arrays = step.arrays()
     qkv = np.concatenate([arrays["q"], arrays["k"], arrays["v"]], axis=-1)
     g = Graph("paged")
+    g.symbols["s0"] = (1, 4096)  # the step's token count (the artifact declares its symbols)
     s0 = symbol("s0")
     source = g.add_input("qkv", TensorType(DType.f32, (1, s0, qkv.shape[-1])))
     cuts, start = [], 0
