@@ -47,6 +47,7 @@ def compile(model, example_inputs: tuple, out: str | Path = "model.dz",
     from .frontend import export
     from .frontend.refine import RefineState, SpecializedDims
     from .generation import (
+        check_generation_config,
         check_task,
         eos_token_ids,
         generation_inputs,
@@ -82,6 +83,8 @@ def compile(model, example_inputs: tuple, out: str | Path = "model.dz",
                 checkpoint=checkpoint, log=log, folder=tokenizer)
         example_inputs, dynamic_shapes = generation_inputs(example_inputs, dynamic_shapes)
     files = {**(tokenizer_files(tokenizer) if eos is not None else {}), **vision_files}
+    if eos is not None and tokenizer is not None:
+        check_generation_config(files, model, tokenizer, eos)
     target = _backend(backend)
     out = Path(out)
     _check_destinations(out, force, dump_ir)  # before the minutes of export and passes

@@ -153,15 +153,18 @@ def eos_token_ids(model: Any) -> list[int]:
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "chat_template.jinja", "chat_template.json", "generation_config.json")
 TOKENIZER_DIR = "tokenizer"
+GENERATION_CONFIG = "generation_config.json"
 
 
 def tokenizer_files(folder: str | Path | None) -> dict[str, bytes]:
     """{artifact path: bytes} of the tokenizer in `folder` (a checkpoint folder), or {} when it
-    has no tokenizer.json."""
-    if folder is None or not (Path(folder) / TOKENIZER_FILES[0]).is_file():
+    has neither a tokenizer.json nor a generation_config.json. The generation config travels
+    without a tokenizer too: its logit processors (forced eos, bad words, ...) act on ids."""
+    if folder is None:
         return {}
+    with_tokenizer = (Path(folder) / TOKENIZER_FILES[0]).is_file()
     found = {}
-    for name in TOKENIZER_FILES:
+    for name in TOKENIZER_FILES if with_tokenizer else (GENERATION_CONFIG,):
         path = Path(folder) / name
         if not path.is_file():
             continue
@@ -224,3 +227,27 @@ def tokenizer_size(path: Path) -> int | None:
         return None
     ids = [i for i in ids if isinstance(i, int) and not isinstance(i, bool)]
     return max(ids) + 1 if ids else None
+
+
+def check_generation_config(files: dict[str, bytes], model: Any, folder: str | Path,
+                            eos: list[int]) -> None:
+    """A checkpoint's generation_config.json that the runtime would refuse is refused now, at
+    compile time, naming the field (its logit processors: runtime/logit_processors.py)."""
+    import json
+
+    from runtime.logit_processors import LogitProcessors
+
+    data = files.get(f"{TOKENIZER_DIR}/{GENERATION_CONFIG}")
+    vocab = model_vocabulary(model)
+    if data is None or vocab is None:
+        return
+    source = str(Path(folder) / GENERATION_CONFIG)
+    try:
+        config = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise DayzeroError(f"{source} is not JSON: {str(exc)[:200]}", source,
+                           "fix or remove the checkpoint's generation_config.json") from None
+    if not isinstance(config, dict):
+        raise DayzeroError(f"{source} holds a {type(config).__name__}, not an object", source,
+                           "fix or remove the checkpoint's generation_config.json")
+    LogitProcessors.from_config(config, vocab, eos, source=source, error=DayzeroError)

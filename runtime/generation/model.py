@@ -26,6 +26,7 @@ from ..sampling import SamplingParams
 from ..specs import specs_from_manifest
 from ..to_numpy import to_numpy
 from .engine import StepRunner
+from .generation_config import read_generation_config
 from .prompts import Prompts, check_request
 from .scheduler import Scheduler
 from .scheduler import Sequence as Request
@@ -56,6 +57,7 @@ class GenerationModel:
         section = step.manifest["generation"].get("vision")
         self.vision = None if section is None else ImageEncoder(step, section)
         self.stats = GenerationStats()
+        self.logit_processors = read_generation_config(step, self.spec)
 
     def __getattr__(self, name: str) -> Any:  # path, manifest, backend, describe, ...
         return getattr(self.step_model, name)
@@ -138,7 +140,8 @@ class GenerationModel:
                  temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
                  seed: int | None = None, eos_token_id: int | Sequence[int] | None = None,
                  attention_mask: Any = None, pad_token_id: int | None = None,
-                 pixel_values: Any = None, images: Sequence[Any] | None = None) -> np.ndarray:
+                 pixel_values: Any = None, images: Sequence[Any] | None = None,
+                 **processors: Any) -> np.ndarray:
         """Token ids [batch, prompt_len + new], as transformers' `generate` returns them.
 
         An image-text artifact takes `pixel_values` [n, 3, H, W] (the image processor's) or
@@ -147,7 +150,7 @@ class GenerationModel:
         prompts, requests = self._requests(input_ids, attention_mask, max_new_tokens,
                                            SamplingParams(do_sample, temperature, top_k, top_p,
                                                           seed), eos_token_id,
-                                           _images(pixel_values, images))
+                                           _images(pixel_values, images), processors)
         for _ in self._schedule(requests):
             pass
         return prompts.assemble([r.generated for r in requests], pad_token_id)
@@ -156,21 +159,22 @@ class GenerationModel:
                temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
                seed: int | None = None, eos_token_id: int | Sequence[int] | None = None,
                attention_mask: Any = None, pixel_values: Any = None,
-               images: Sequence[Any] | None = None) -> Iterator[Any]:
+               images: Sequence[Any] | None = None, **processors: Any) -> Iterator[Any]:
         """Token ids as they come: ints for one prompt, (row, token) pairs for a batch."""
         prompts, requests = self._requests(input_ids, attention_mask, max_new_tokens,
                                            SamplingParams(do_sample, temperature, top_k, top_p,
                                                           seed), eos_token_id,
-                                           _images(pixel_values, images))
+                                           _images(pixel_values, images), processors)
         row_of = {r.seq_id: i for i, r in enumerate(requests)}
         for event in self._schedule(requests):
             yield event.token if prompts.single else (row_of[event.sequence.seq_id], event.token)
 
     def _requests(self, input_ids, attention_mask, max_new_tokens, sampling, eos_token_id,
-                  images=None):
+                  images=None, processors=None):
         prompts = Prompts.from_ids(input_ids, attention_mask, self.spec)
-        eos = self.spec.eos_token_ids if eos_token_id is None else (
+        eos = self.logit_processors.eos_token_ids if eos_token_id is None else (
             (eos_token_id,) if isinstance(eos_token_id, (int, np.integer)) else eos_token_id)
+        logit_processors = self.logit_processors.for_call(processors, eos)
         # the expanded prompt's length is what the cache must hold: checked before any work
         check_request(prompts, max_new_tokens, self.spec, self.runner)
         rows = self._image_rows(prompts, images)
@@ -179,7 +183,8 @@ class GenerationModel:
             rng = np.random.default_rng([sampling.seed, row]) if sampling.seed is not None \
                 else None
             requests.append(Request(list(tokens), max_new_tokens, sampling,
-                                    frozenset(int(t) for t in eos), rng, images=rows[row]))
+                                    frozenset(int(t) for t in eos), rng, images=rows[row],
+                                    processors=logit_processors))
         return prompts, requests
 
     def _image_rows(self, prompts: Prompts, images: list | None) -> list:

@@ -14,6 +14,10 @@ in O(1)), planning walks the running sequences from the oldest only while the bu
 admits from the queue's front only while budget and blocks remain, so at most `budget`
 sequences ever run (each takes at least one token a step).
 
+A sequence with logit processors (its generation config's: runtime/logit_processors.py) has
+its row processed before its token is chosen, greedy or sampled, together with the other rows
+of the step that share its processors; a sequence without them costs nothing more.
+
 A logits row with NaN or +inf, or -inf for every token, gives that sequence no token: it ends
 with finish_reason "error", an event with token -1 and the reason in `error`, and frees its
 blocks; the other sequences of the step go on untouched.
@@ -32,6 +36,7 @@ import numpy as np
 
 from compiler.errors import InputError
 
+from ..logit_processors import History, LogitProcessors
 from ..sampling import SamplingParams, next_tokens, row_error
 from .engine import StepRunner
 from .step import StepPart
@@ -42,7 +47,9 @@ _NEXT_ID = itertools.count()  # itertools.count is atomic under the GIL: ids are
 @dataclass(eq=False)
 class Sequence:
     """One request: its tokens so far (prompt, then generated), how many are cached, and when
-    it stops. `seq_id` is its stable key (the scheduler's and the block allocator's)."""
+    it stops. `seq_id` is its stable key (the scheduler's and the block allocator's).
+    `processors`: its generation config's logit processors (`LogitProcessors.for_call`);
+    `history` is what they keep of it, None when it has none active."""
     tokens: list[int]
     max_new_tokens: int
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -55,9 +62,14 @@ class Sequence:
     images: Any = None  # vision.ImageRows of the prompt's image tokens, if it has images
     error: str | None = None  # why it ended with finish_reason "error"
     seq_id: int = field(default_factory=lambda: next(_NEXT_ID))
+    processors: LogitProcessors | None = None
+    history: History | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.prompt_len = self.prompt_len or len(self.tokens)
+        if self.processors is not None and self.processors.active:
+            self.history = self.processors.history(self.tokens, self.prompt_len,
+                                                   self.max_new_tokens)
 
     @property
     def generated(self) -> list[int]:
@@ -190,27 +202,35 @@ class Scheduler:
     @staticmethod
     def _sample(wanted: list[tuple[Sequence, int]], logits: np.ndarray,
                 errors: dict[int, str] | None = None) -> list[int]:
-        """Each sequence's next token from its logits row. The greedy rows go through one
-        argmax together (a row's argmax does not depend on the others, so batching keeps
-        every answer token-identical to the request alone); a sampled row draws from its own
-        generator, alone. A row without a distribution (`row_error`) gets token -1 and its
-        reason in `errors` under its index; without `errors`, it raises InputError."""
+        """Each sequence's next token from its logits row (processed, if it has processors:
+        `_processed`). The greedy rows of one array go through one argmax together (a row's
+        argmax does not depend on the others, so batching keeps every answer token-identical
+        to the request alone); a sampled row draws from its own generator, alone. A row
+        without a distribution (`row_error`) gets token -1 and its reason in `errors` under
+        its index; without `errors`, it raises InputError."""
         tokens = [-1] * len(wanted)
         problems: dict[int, str] = {}
-        greedy = [k for k, (seq, _) in enumerate(wanted) if not seq.sampling.do_sample]
-        if greedy:
-            rows = [wanted[k][1] for k in greedy]
-            picks, bad = _argmax_rows(logits, rows)
-            for k, token in zip(greedy, picks):
+        rows = _processed(wanted, logits, problems)
+        greedy: dict[int, tuple[np.ndarray, list[int], list[int]]] = {}
+        for k, (seq, _) in enumerate(wanted):
+            if k in problems:
+                continue
+            array, row = rows[k]
+            if not seq.sampling.do_sample:
+                group = greedy.setdefault(id(array), (array, [], []))
+                group[1].append(k)
+                group[2].append(row)
+                continue
+            values = array[row:row + 1]
+            if np.isfinite(values.max()):
+                tokens[k] = int(next_tokens(values, seq.sampling, seq.rng)[0])
+            else:
+                problems[k] = row_error(values)
+        for array, ks, picked in greedy.values():
+            picks, bad = _argmax_rows(array, picked)
+            for k, token in zip(ks, picks):
                 tokens[k] = token
-            problems.update((greedy[j], problem) for j, problem in bad.items())
-        for k, (seq, row) in enumerate(wanted):
-            if seq.sampling.do_sample:
-                values = logits[row:row + 1]
-                if np.isfinite(values.max()):
-                    tokens[k] = int(next_tokens(values, seq.sampling, seq.rng)[0])
-                else:
-                    problems[k] = row_error(values)
+            problems.update((ks[j], problem) for j, problem in bad.items())
         if errors is None and problems:
             k = min(problems)
             raise InputError(f"the logits of sequence {k} {problems[k]}", "logits",
@@ -234,6 +254,30 @@ class Scheduler:
         if seq.finished:
             self._drop(seq)
         return TokenEvent(seq, token)
+
+
+def _processed(wanted: list[tuple[Sequence, int]], logits: np.ndarray,
+               problems: dict[int, str]) -> list[tuple[np.ndarray, int]]:
+    """Where each wanted sequence's token is chosen from: (array, row), its row of the step's
+    `logits`, or, with processors, of the scores its processors made, one `apply` for the
+    rows sharing them. A row the processors left without a token (-inf everywhere, the
+    model's was finite) gets its reason in `problems`."""
+    where = [(logits, row) for _, row in wanted]
+    groups: dict[int, list[int]] = {}
+    for k, (seq, _) in enumerate(wanted):
+        if seq.history is not None:
+            groups.setdefault(id(seq.processors), []).append(k)
+    for ks in groups.values():
+        processors = wanted[ks[0]][0].processors
+        raw = logits[[wanted[k][1] for k in ks]]
+        scores = processors.apply(raw, [wanted[k][0].history for k in ks])
+        emptied = np.isneginf(scores.max(axis=1)) & np.isfinite(raw.max(axis=1))
+        for j, k in enumerate(ks):
+            where[k] = (scores, j)
+            if emptied[j]:
+                problems[k] = ("are -inf for every token after the generation config's "
+                               f"logit processors ({', '.join(processors.names)})")
+    return where
 
 
 def _argmax_rows(logits: np.ndarray, rows: list[int]) -> tuple[list[int], dict[int, str]]:
