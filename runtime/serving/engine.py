@@ -142,9 +142,12 @@ class Engine:
             self.active += 1
         sampling = request.sampling
         rng = np.random.default_rng([sampling.seed, 0]) if sampling.seed is not None else None
+        # the artifact's generation config (its logit processors and eos ids), as `generate`
+        processors = getattr(self.model, "logit_processors", None)
+        eos = self.model.spec.eos_token_ids if processors is None else processors.eos_token_ids
         sequence = Sequence(list(request.prompt_ids), request.max_tokens, sampling,
-                            frozenset(int(t) for t in self.model.spec.eos_token_ids), rng,
-                            images=request.images)
+                            frozenset(int(t) for t in eos), rng, images=request.images,
+                            processors=processors)
         job = Job(request, sequence, TextStream(self.model.tokenizer, request.stop), loop)
         self.metrics.prompt_tokens.inc(len(request.prompt_ids))
         self.inbox.put(("add", job))
