@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from compiler.errors import ArtifactError
+
 if TYPE_CHECKING:
     from compiler.ir import Graph, Node
 
@@ -42,14 +44,30 @@ class WeightLayout:
     The writer applies `forward` to one tensor at a time as it writes it (compile time), so a
     load maps the stored bytes straight into the kernel; `inverse` gives the graph's own layout
     back to a reader that needs it (`dayzero align`'s reference run). `shape` is the stored
-    tensor's shape for a source of the given shape, or None when the source does not fit."""
+    tensor's shape for a source of the given shape, or None when the source does not fit.
 
-    forward: Callable[[np.ndarray], np.ndarray]
-    inverse: Callable[[np.ndarray], np.ndarray]
-    shape: Callable[[tuple[int, ...]], tuple[int, ...] | None]
+    `params` names the integers a layout needs beyond its source's shape (a 1-D scales tensor
+    does not say how many output columns it holds): the three functions take them as keyword
+    arguments, and each derived weight records their values (`DerivedWeight.params`, the
+    manifest's `derived_weights`)."""
+
+    forward: Callable[..., np.ndarray]
+    inverse: Callable[..., np.ndarray]
+    shape: Callable[..., tuple[int, ...] | None]
+    params: tuple[str, ...] = ()
+
+    def arguments(self, params: Any) -> dict[str, int] | None:
+        """`params` as this layout's keyword arguments: None unless it maps exactly the
+        declared names to positive ints (a manifest's values are not trusted)."""
+        if not isinstance(params, Mapping) or set(params) != set(self.params):
+            return None
+        if not all(type(v) is int and 0 < v < 2**62 for v in params.values()):
+            return None
+        return dict(params)
 
 
 PANEL = 32  # output columns per panel of ai.dayzero.PackedLinear (native/packed_linear.h)
+INT4_TILE = 8  # output columns per tile of ai.dayzero.MatMulInt4 (native/int4_matmul.h)
 
 
 def _panels(weight: np.ndarray) -> np.ndarray:
@@ -68,37 +86,95 @@ def _panel_shape(shape: tuple[int, ...]) -> tuple[int, ...] | None:
     return (shape[0] // PANEL, shape[1], PANEL)
 
 
+def _code_tiles(codes: np.ndarray) -> np.ndarray:
+    n, blocks, _ = codes.shape
+    tiles = codes.reshape(n // INT4_TILE, INT4_TILE, blocks // 2, 32).transpose(0, 2, 1, 3)
+    return np.ascontiguousarray(tiles)
+
+
+def _untile_codes(tiles: np.ndarray) -> np.ndarray:
+    count, pairs, width, _ = tiles.shape
+    return np.ascontiguousarray(tiles.transpose(0, 2, 1, 3)).reshape(count * width, pairs * 2,
+                                                                     16)
+
+
+def _code_tile_shape(shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    if len(shape) != 3 or shape[0] % INT4_TILE or shape[1] % 2 or shape[2] != 16:
+        return None
+    return (shape[0] // INT4_TILE, shape[1] // 2, INT4_TILE, 32)
+
+
+def _scale_tiles(scales: np.ndarray, rows: int) -> np.ndarray:
+    blocks = scales.shape[0] // rows
+    tiles = scales.reshape(rows // INT4_TILE, INT4_TILE, blocks).transpose(0, 2, 1)
+    return np.ascontiguousarray(tiles)
+
+
+def _untile_scales(tiles: np.ndarray, rows: int) -> np.ndarray:
+    return np.ascontiguousarray(tiles.transpose(0, 2, 1)).reshape(-1)
+
+
+def _scale_tile_shape(shape: tuple[int, ...], rows: int) -> tuple[int, ...] | None:
+    if len(shape) != 1 or rows % INT4_TILE or shape[0] % rows:
+        return None
+    return (rows // INT4_TILE, shape[0] // rows, INT4_TILE)
+
+
 # Layout name (recorded in the manifest's `derived_weights`) -> how to make and undo it. Data:
 # a backend names layouts, the writer and the runtime look them up here.
 WEIGHT_LAYOUTS: dict[str, WeightLayout] = {
     # [N, K] -> [N/32, K, 32]: panels of 32 output columns, each stored input-major
     "panels32": WeightLayout(_panels, _unpanel, _panel_shape),
+    # MatMulNBits' int4 codes u8 [N, K/32, 16] -> [N/8, K/64, 8, 32]: per tile of 8 output
+    # columns and pair of blocks, each column's 32 bytes (64 codes) side by side
+    "int4_tiles8": WeightLayout(_code_tiles, _untile_codes, _code_tile_shape),
+    # their scales [N * K/32] (rows = N) -> [N/8, K/32, 8]: per tile and block, 8 columns' scales
+    "scale_tiles8": WeightLayout(_scale_tiles, _untile_scales, _scale_tile_shape, ("rows",)),
 }
 
 
-def with_sources(weights: Mapping[str, Any], derived: Mapping[str, Mapping[str, str]] | None,
+def with_sources(weights: Mapping[str, Any], derived: Mapping[str, Any] | None,
                  wrap: Callable[[np.ndarray], Any] = lambda a: a) -> dict[str, Any]:
     """`weights` (by stored name) plus every graph weight the artifact stores only in a
     kernel's layout (its manifest's `derived_weights`), read back through the layout's
     inverse and passed to `wrap` (e.g. torch.from_numpy): a copy, for readers that need the
-    graph's own layout (`dayzero align`'s reference run), never on a backend's load path."""
+    graph's own layout (`dayzero align`'s reference run), never on a backend's load path.
+    An entry naming no known layout, or parameters it does not take, is left out (the reader
+    then reports the missing weight); a stored tensor the layout cannot undo is an
+    ArtifactError."""
     out = dict(weights)
-    for name, entry in (derived or {}).items():
-        source, layout = entry.get("source"), WEIGHT_LAYOUTS.get(entry.get("layout", ""))
-        if source not in out and name in weights and layout is not None:
-            out[source] = wrap(layout.inverse(np.asarray(weights[name])))
+    for name, entry in (derived if isinstance(derived, Mapping) else {}).items():
+        entry = entry if isinstance(entry, Mapping) else {}
+        source, layout = entry.get("source"), WEIGHT_LAYOUTS.get(str(entry.get("layout")))
+        kwargs = layout.arguments(entry.get("params", {})) if layout is not None else None
+        if kwargs is None or not isinstance(source, str) or source in out or name not in weights:
+            continue
+        out[source] = wrap(_undone(layout, np.asarray(weights[name]), kwargs, name))
     return out
+
+
+def _undone(layout: WeightLayout, stored: np.ndarray, kwargs: dict[str, int],
+            name: str) -> np.ndarray:
+    try:
+        return layout.inverse(stored, **kwargs)
+    except (ValueError, IndexError, ZeroDivisionError) as exc:
+        raise ArtifactError(f"stored weight '{name}' of shape {list(stored.shape)} is not in "
+                            f"the layout its manifest entry names ({exc})",
+                            f"manifest.json derived_weights.{name}",
+                            "recompile the model; the artifact is corrupted") from exc
 
 
 @dataclass(frozen=True)
 class DerivedWeight:
     """A tensor the artifact stores computed from graph weight `source` by `WEIGHT_LAYOUTS
-    [layout]`. `replaces`: the kernel is the source's only reader, so the source itself is
-    not stored (one copy of the bytes); otherwise both are."""
+    [layout]` with `params` (the layout's declared parameters). `replaces`: the kernel is the
+    source's only reader, so the source itself is not stored (one copy of the bytes);
+    otherwise both are."""
 
     source: str
     layout: str
     replaces: bool = True
+    params: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

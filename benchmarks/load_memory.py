@@ -1,21 +1,25 @@
-"""Load time and peak resident memory of a float32 generation artifact (issue 36, item 1).
+"""Load time and peak resident memory of a generation artifact (issue 36, item 1).
 
-Weights are loaded as stored: the artifact holds PackedLinear's panels as the kernel reads them,
-so a load maps the safetensors files and makes ONNX Runtime sessions without transforming or
-copying weights. This measures it on benchmarks/generate.py's random Llama-shaped checkpoint
-(~150M parameters, ~600 MB float32), compiled once into --workdir, then loaded in a fresh
-process per round. Printed per round: load time (process start to the first logits), peak
-resident memory (VmHWM) at the first logits and after a prompt of --prompt tokens and --new
-new tokens, the weights' bytes, the KV cache bytes used, and peak / (weights + KV used).
+Weights are loaded as stored: the artifact holds PackedLinear's panels and MatMulInt4's tiles as
+the kernels read them, so a load maps the safetensors files and makes ONNX Runtime sessions
+without transforming or copying weights. This measures it on benchmarks/generate.py's random
+Llama-shaped checkpoint (~150M parameters, ~600 MB float32), compiled once into --workdir
+(float32, or with --quantize int4 as `quantize: {weights: int4, group_size: 32, activations:
+int8}`), then loaded in a fresh process per round. Printed per round: load time (process start
+to the first logits), peak resident memory (VmHWM) at the first logits and after a prompt of
+--prompt tokens and --new new tokens, the weights' bytes (and of them the int4 codes and
+scales), the KV cache bytes used, and peak / (weights + KV used).
 
     python benchmarks/load_memory.py                  # compile if needed, 3 rounds
     python benchmarks/load_memory.py --rounds 1 --recompile
+    python benchmarks/load_memory.py --quantize int4
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -64,10 +68,26 @@ def weight_bytes(artifact: Path) -> int:
     return sum(p.stat().st_size for p in (artifact / "weights").glob("*.safetensors"))
 
 
-def compile_artifact(checkpoint: Path, out: Path, threads: int) -> float:
+def int4_bytes(artifact: Path) -> int:
+    """Bytes of the stored int4 codes (u8) and their float16 scales, in whichever layout."""
+    from safetensors import safe_open
+
+    itemsize, total = {"U8": 1, "F16": 2}, 0
+    for path in (artifact / "weights").glob("*.safetensors"):
+        with safe_open(str(path), "np") as f:
+            for name in f.keys():
+                piece = f.get_slice(name)
+                total += math.prod(piece.get_shape()) * itemsize.get(piece.get_dtype(), 0)
+    return total
+
+
+QUANTIZE = {"none": "", "int4": "quantize: {weights: int4, group_size: 32, activations: int8}\n"}
+
+
+def compile_artifact(checkpoint: Path, out: Path, threads: int, quantize: str) -> float:
     config = out.with_suffix(".yaml")
     config.write_text("generation: {kv_cache_memory: 1GiB, prefill_chunk: 512, "
-                      "max_batch_tokens: 2048}\n")
+                      "max_batch_tokens: 2048}\n" + QUANTIZE[quantize])
     start = time.perf_counter()
     subprocess.run([sys.executable, "-m", "compiler.cli", "compile", str(checkpoint), "-o",
                     str(out), "--seq-len", "2:1024", "--config", str(config), "--force", "-q",
@@ -84,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--recompile", action="store_true")
+    parser.add_argument("--quantize", choices=sorted(QUANTIZE), default="none",
+                        help="int4: int4 weights with int8 activations (MatMulInt4's tiles)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -93,11 +115,13 @@ def main(argv: list[str] | None = None) -> int:
 
     work = Path(args.workdir)
     checkpoint = make_checkpoint(work / "checkpoint", 1024)
-    artifact = work / "fp32.dz"
+    artifact = work / ("fp32.dz" if args.quantize == "none" else f"{args.quantize}.dz")
     if args.recompile or not (artifact / "manifest.json").is_file():
-        print(f"compiled in {compile_artifact(checkpoint, artifact, args.threads):.1f} s")
+        seconds = compile_artifact(checkpoint, artifact, args.threads, args.quantize)
+        print(f"compiled in {seconds:.1f} s")
     weights = weight_bytes(artifact)
-    print(f"weights: {weights / MIB:.0f} MiB in {artifact}/weights")
+    print(f"weights: {weights / MIB:.0f} MiB in {artifact}/weights, of which int4 codes and "
+          f"scales {int4_bytes(artifact) / MIB:.0f} MiB")
     for index in range(args.rounds):
         out = subprocess.run([sys.executable, __file__, "--child", str(artifact), "--prompt",
                               str(args.prompt), "--new", str(args.new), "--threads",

@@ -14,7 +14,8 @@ no reshapes), gelu (Gelu / FastGelu), silu
 attention (MultiHeadAttention) and the whole attention block with rotary (dayzero's own
 CausalAttention where its library is built, else GroupQueryAttention, see convert_heads and
 native_ops), int4/int8 weights (dayzero's MatMulInt4 for int4 with int8 activations where its
-library is built, see convert_int4; else MatMulNBits), mixture-of-experts blocks (MoE: routed
+library is built, read from the artifact in its tile layout, see convert_int4; else
+MatMulNBits), mixture-of-experts blocks (MoE: routed
 experts only; QMoE for int4 experts). Not listed, and why:
 - rms_norm: ORT's SimplifiedLayerNormalization kernel lives in the ONNX domain without being an
   ONNX op, so the checker rejects it; the standard form is emitted in the exact pattern ORT's
@@ -35,7 +36,7 @@ from .builder import Builder
 from .convert_attention import mha, mha_fits
 from .convert_elementwise import Converter, in_dtype
 from .convert_fused import add_layer_norm, add_rms_norm, matmul_nbits, skip_norm_fits
-from .convert_int4 import int4_fits, matmul_int4
+from .convert_int4 import CODE_TILES, SCALE_TILES, int4_fits, matmul_int4
 from .convert_moe import moe, moe_fits, qmoe_fits
 from .convert_nn import linear_fused_matmul
 from .convert_packed_linear import PANELS, packed_linear, packed_linear_fits
@@ -51,14 +52,31 @@ class ContribFallbackWarning(UserWarning):
 
 
 @dataclass(frozen=True)
+class StoredAs:
+    """The node's input `input`, when a graph weight, is read by the kernel in layout `layout`
+    of backends.base.WEIGHT_LAYOUTS. `params` gives each parameter the layout takes as (name,
+    input index, dim): the size of that dim of that input of the node (the scales' layout
+    takes the output columns, dim 0 of the codes)."""
+
+    input: int
+    layout: str
+    params: tuple[tuple[str, int, int], ...] = ()
+
+    def arguments(self, node: Node) -> dict[str, int] | None:
+        """The layout's parameters for this node; None when a size is symbolic."""
+        sizes = {name: node.inputs[index].type.shape[dim] for name, index, dim in self.params}
+        return sizes if all(type(v) is int for v in sizes.values()) else None
+
+
+@dataclass(frozen=True)
 class Variant:
     name: str
     requires: tuple[OrtKernel, ...]
     fits: Callable[[Node], str | None]
     emit: Converter
-    # (input index, layout name in backends.base.WEIGHT_LAYOUTS): stored weights this kernel
-    # reads in another layout, which the artifact stores that way (`lower.derived_weights`)
-    layouts: tuple[tuple[int, str], ...] = ()
+    # stored weights this kernel reads in another layout, which the artifact stores that way
+    # (`lower.derived_weights`)
+    layouts: tuple[StoredAs, ...] = ()
 
 
 def _float32(node: Node) -> str | None:
@@ -92,7 +110,7 @@ def _mha_fits(node: Node) -> str | None:
 VARIANTS: dict[str, tuple[Variant, ...]] = {
     "linear": (
         Variant("ai.dayzero.PackedLinear", (OrtKernel(NATIVE_DOMAIN, "PackedLinear"),),
-                packed_linear_fits, packed_linear, layouts=((1, PANELS),)),
+                packed_linear_fits, packed_linear, layouts=(StoredAs(1, PANELS),)),
         Variant("com.microsoft.FusedMatMul", (OrtKernel(MS, "FusedMatMul"),), _batched_linear,
                 linear_fused_matmul),
     ),
@@ -127,7 +145,8 @@ VARIANTS: dict[str, tuple[Variant, ...]] = {
     ),
     "quantized_linear": (
         Variant("ai.dayzero.MatMulInt4", (OrtKernel(NATIVE_DOMAIN, "MatMulInt4"),), int4_fits,
-                matmul_int4),
+                matmul_int4, layouts=(StoredAs(1, CODE_TILES),
+                                      StoredAs(2, SCALE_TILES, (("rows", 1, 0),)))),
         Variant("com.microsoft.MatMulNBits", (OrtKernel(MS, "MatMulNBits"),), _float32,
                 matmul_nbits),
     ),

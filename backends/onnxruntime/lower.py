@@ -27,7 +27,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from backends.base import DerivedWeight, WeightLocation
+from backends.base import WEIGHT_LAYOUTS, DerivedWeight, WeightLocation
 from compiler.errors import DayzeroError
 from compiler.ir import DType, Graph, Node, TensorType, format_node
 from compiler.ir.ops.fused import Emitter, decompose_into
@@ -35,6 +35,7 @@ from compiler.ir.symbolic import dim_str
 
 from . import fused, op_table
 from .builder import ONNX_DTYPES, Builder, qualified_op
+from .convert_int4 import CODE_TILES, SCALE_TILES, untile_codes, untile_scales
 from .convert_packed_linear import PANELS, unpanel
 from .position_tables import POSITION_TABLES
 from .probe import KernelSet, installed_kernels
@@ -60,7 +61,7 @@ WIDE_IO = frozenset({DType.bf16, DType.f8e4m3, DType.f8e5m2})
 
 
 # Layout name -> the ops that give a graph weight back from its stored layout
-INVERSES = {PANELS: unpanel}
+INVERSES = {PANELS: unpanel, CODE_TILES: untile_codes, SCALE_TILES: untile_scales}
 
 
 def derived_weights(graph: Graph, kernels: KernelSet) -> dict[str, DerivedWeight]:
@@ -68,24 +69,36 @@ def derived_weights(graph: Graph, kernels: KernelSet) -> dict[str, DerivedWeight
     (`fused.Variant.layouts`). The source is replaced (not stored) when such kernels are its
     only readers; a weight also read elsewhere (tied embeddings and lm_head) is stored in both
     layouts, so neither reader copies it at load (the embedding's Gather touches only the rows
-    it reads of the mapped file)."""
+    it reads of the mapped file). A weight whose readers would need the layout with different
+    parameters, or that the layout does not fit, is stored as it is (the kernels fold it)."""
     names = {id(v): name for name, v in graph.weights.items()}
     readers = {names[id(v)]: 1 for v in graph.outputs if id(v) in names}
-    wanted: dict[tuple[str, str], int] = {}
+    wanted: dict[tuple[str, str], list[dict[str, int] | None]] = {}
     for node, variant in _lowered_nodes(graph.nodes, kernels):
         for v in node.inputs:
             if v is not None and id(v) in names:
                 readers[names[id(v)]] = readers.get(names[id(v)], 0) + 1
-        for index, layout in variant.layouts if variant is not None else ():
-            source = names.get(id(node.inputs[index]))
+        for use in variant.layouts if variant is not None else ():
+            source = names.get(id(node.inputs[use.input]))
             if source is not None:
-                wanted[source, layout] = wanted.get((source, layout), 0) + 1
+                wanted.setdefault((source, use.layout), []).append(use.arguments(node))
     plan = {}
-    for (source, layout), uses in wanted.items():
+    for (source, layout), params in wanted.items():
         stored = f"{source}.{layout}"
-        if stored not in graph.weights and source in graph.weight_data:
-            plan[stored] = DerivedWeight(source, layout, replaces=uses == readers[source])
+        if stored not in graph.weights and _storable(graph, source, layout, params):
+            plan[stored] = DerivedWeight(source, layout, replaces=len(params) == readers[source],
+                                         params=params[0])
     return plan
+
+
+def _storable(graph: Graph, source: str, layout: str, params: list) -> bool:
+    """Whether `source` can be stored in `layout` for every reader (one set of parameters)."""
+    shape = graph.weights[source].type.shape
+    if source not in graph.weight_data or not all(isinstance(d, int) for d in shape):
+        return False
+    if params[0] is None or any(p != params[0] for p in params):
+        return False
+    return WEIGHT_LAYOUTS[layout].shape(tuple(shape), **params[0]) is not None
 
 
 def _lowered_nodes(nodes, kernels: KernelSet):

@@ -82,10 +82,13 @@ def replaced_sources(derived: Mapping[str, DerivedWeight]) -> set[str]:
     return sources - kept
 
 
-def derived_manifest(derived: Mapping[str, DerivedWeight]) -> dict[str, dict[str, str]]:
-    """The manifest's `derived_weights`: {stored name: {"source", "layout"}}, so an artifact
-    says which stored tensors are a graph weight in a kernel's layout (and which layout)."""
-    return {name: {"source": d.source, "layout": d.layout} for name, d in sorted(derived.items())}
+def derived_manifest(derived: Mapping[str, DerivedWeight]) -> dict[str, dict[str, Any]]:
+    """The manifest's `derived_weights`: {stored name: {"source", "layout"[, "params"]}}, so
+    an artifact says which stored tensors are a graph weight in a kernel's layout (which
+    layout, with which parameters when it takes any)."""
+    return {name: {"source": d.source, "layout": d.layout,
+                   **({"params": dict(d.params)} if d.params else {})}
+            for name, d in sorted(derived.items())}
 
 
 class DerivedData(Mapping):
@@ -101,7 +104,7 @@ class DerivedData(Mapping):
             return self._data[name]
         source = self._data[spec.source]
         array = to_numpy(source.load() if is_lazy(source) else source)
-        return WEIGHT_LAYOUTS[spec.layout].forward(array)
+        return WEIGHT_LAYOUTS[spec.layout].forward(array, **spec.params)
 
     def __iter__(self) -> Iterator[str]:
         yield from self._data
@@ -132,11 +135,15 @@ def _derived_spec(graph: Graph, name: str, spec: DerivedWeight):
         raise DayzeroError(f"derived weight '{name}' names source '{spec.source}' and layout "
                            f"'{spec.layout}'; the graph or the layout table has no such entry",
                            where, fix)
+    if layout.arguments(spec.params) is None:
+        raise DayzeroError(f"derived weight '{name}' gives layout '{spec.layout}' parameters "
+                           f"{dict(spec.params)}; it takes {list(layout.params)} (positive ints)",
+                           where, fix)
     dtype, shape = _weight_spec(graph, spec.source)
-    stored = layout.shape(shape)
+    stored = layout.shape(shape, **spec.params)
     if stored is None:
-        raise DayzeroError(f"layout '{spec.layout}' does not fit weight '{spec.source}' of "
-                           f"shape {list(shape)}", where, fix)
+        raise DayzeroError(f"layout '{spec.layout}' {dict(spec.params)} does not fit weight "
+                           f"'{spec.source}' of shape {list(shape)}", where, fix)
     return dtype, tuple(stored)
 
 

@@ -1,9 +1,13 @@
 """ai.dayzero.MatMulInt4 (native/int4_op.cc), run as one-node ONNX models against a float64
 NumPy reference of quantized_linear's decomposition (int8-rounded rows, int4 weights); its
-layout, NaN and Inf rows, error messages; and that the lowering picks it for int4 weights with
-int8 activations and still matches the reference backend."""
+layout, NaN and Inf rows, error messages; that the lowering picks it for int4 weights with
+int8 activations and still matches the reference backend; and that the artifact stores the codes
+and scales in its tile layout (mapped at load, one copy: peak memory grows by their bytes), the
+portable model reading them back with a warning."""
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import onnx
@@ -202,28 +206,180 @@ def test_a_nonfinite_weight_scale_makes_its_column_nan(bad):
     np.testing.assert_allclose(np.delete(got, 5, 1), np.delete(want, 5, 1), rtol=1e-5, atol=1e-5)
 
 
-def test_the_folded_initializers_are_the_kernel_layout(tmp_path):
-    """The lowering's Reshape + Transpose on the stored MatMulNBits tensors fold, at load, into
-    exactly `tile_layout` of them: no transpose is left to run per call."""
+INT4 = {"quantize": {"weights": "int4", "group_size": 32, "activations": "int8"}}
+TILED = {"up.weight": 192, "down.weight": 64}  # MatMulInt4's weights -> out_features
+
+
+def _stored(path) -> dict[str, np.ndarray]:
     from safetensors.numpy import load_file
 
-    config = {"quantize": {"weights": "int4", "group_size": 32, "activations": "int8"}}
-    path = compiler.compile(Mlp().eval(), (torch.randn(5, 128),), out=tmp_path / "m.dz",
-                            backend="onnxruntime", config=config)
+    stored = {}
+    for file in (path / "weights").glob("*.safetensors"):
+        stored.update(load_file(str(file)))
+    return stored
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The int4 Mlp compiled for onnxruntime (tiles stored) and for the reference backend
+    (MatMulNBits' tensors stored as the graph has them), and an input."""
+    out = tmp_path_factory.mktemp("int4")
+    x = torch.randn(5, 128)
+    paths = {b: compiler.compile(Mlp().eval(), (x,), out=out / f"{b}.dz", backend=b,
+                                 config=INT4) for b in ("onnxruntime", "reference")}
+    return paths, np.random.default_rng(2).standard_normal((5, 128)).astype(np.float32)
+
+
+def test_the_artifact_stores_the_tiles_the_kernel_reads(built):
+    """The writer stores `tile_layout` of the codes and scales only MatMulInt4 reads, instead of
+    them: the kernel's initializers are those bytes (external data), with no Reshape or
+    Transpose on them, and the manifest says which tensor each is, in which layout (the scales'
+    with its parameter, the output columns)."""
+    paths, _ = built
+    stored, graph_weights = _stored(paths["onnxruntime"]), _stored(paths["reference"])
+    expected = {}
+    for name, n in TILED.items():
+        codes, scales = graph_weights[f"{name}.q4"], graph_weights[f"{name}.scales"]
+        assert f"{name}.q4" not in stored and f"{name}.scales" not in stored
+        tiles, tile_scales = tile_layout(codes, scales)
+        np.testing.assert_array_equal(stored[f"{name}.q4.int4_tiles8"], tiles)
+        np.testing.assert_array_equal(stored[f"{name}.scales.scale_tiles8"], tile_scales)
+        assert stored[f"{name}.scales.scale_tiles8"].dtype == np.float16
+        expected[f"{name}.q4.int4_tiles8"] = {"source": f"{name}.q4", "layout": "int4_tiles8"}
+        expected[f"{name}.scales.scale_tiles8"] = {
+            "source": f"{name}.scales", "layout": "scale_tiles8", "params": {"rows": n}}
+    for name in ("odd.weight.q4", "odd.weight.scales"):  # MatMulNBits reads them as they are
+        np.testing.assert_array_equal(stored[name], graph_weights[name])
+    manifest = json.loads((paths["onnxruntime"] / "manifest.json").read_text())
+    assert manifest["derived_weights"] == expected
+    graph = onnx.load(str(paths["onnxruntime"] / "backend" / "model.onnx"),
+                      load_external_data=False).graph
+    kernels = [n for n in graph.node if n.op_type == "MatMulInt4"]
+    assert [list(n.input[1:3]) for n in kernels] == [
+        [f"{name}.q4.int4_tiles8", f"{name}.scales.scale_tiles8"] for name in TILED]
+    assert not [n for n in graph.node if n.op_type in ("Transpose", "Reshape")
+                and set(n.input) & set(expected)]
+    external = {t.name for t in graph.initializer
+                if t.data_location == onnx.TensorProto.EXTERNAL}
+    assert set(expected) <= external
+
+
+def test_the_optimized_session_reads_the_stored_tiles(built, tmp_path):
+    """ORT's optimized model runs no Reshape or Transpose and keeps MatMulInt4's
+    initializers external: the stored tiles are mapped, not folded into copies."""
+    path = built[0]["onnxruntime"]
     options = session_options(SessionConfig(), external_folder=path)
     options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
     ort.InferenceSession((path / "backend" / "model.onnx").read_bytes(), options,
                          providers=["CPUExecutionProvider"])
     optimized = onnx.load(str(tmp_path / "optimized.onnx"), load_external_data=False)
     assert not [n for n in optimized.graph.node if n.op_type in ("Transpose", "Reshape")]
-    folded = {t.name: numpy_helper.to_array(t) for t in optimized.graph.initializer
-              if t.data_location != onnx.TensorProto.EXTERNAL}  # what the folding made
-    stored = {}
-    for file in (path / "weights").glob("*.safetensors"):
-        stored.update(load_file(str(file)))
+    inline = {t.name for t in optimized.graph.initializer
+              if t.data_location != onnx.TensorProto.EXTERNAL}
     kernels = [n for n in optimized.graph.node if n.op_type == "MatMulInt4"]
-    assert len(kernels) == 2
-    for node, name in zip(kernels, ("up.weight", "down.weight")):
-        codes, scales = tile_layout(stored[f"{name}.q4"], stored[f"{name}.scales"])
-        np.testing.assert_array_equal(folded[node.input[1]], codes)
-        np.testing.assert_array_equal(folded[node.input[2]], scales)
+    assert len(kernels) == 2 and not {i for n in kernels for i in n.input[1:3]} & inline
+
+
+def test_outputs_are_bit_equal_to_the_folded_layout(built, tmp_path, monkeypatch):
+    """The stored tiles are the bytes ORT folded from MatMulNBits' layout before: the same
+    kernel on them gives the same bits (the artifact compiled without derived weights still
+    folds, as it did)."""
+    import backends.onnxruntime as ortb
+
+    paths, feed = built
+    assert "up.weight.q4.int4_tiles8" in json.loads(
+        (paths["onnxruntime"] / "manifest.json").read_text())["derived_weights"]
+    monkeypatch.setattr(ortb.OnnxRuntimeBackend, "derived_weights", lambda *a: {})
+    folded = compiler.compile(Mlp().eval(), (torch.randn(5, 128),), out=tmp_path / "f.dz",
+                              backend="onnxruntime", config=INT4)
+    graph = onnx.load(str(folded / "backend" / "model.onnx"), load_external_data=False).graph
+    assert {n.op_type for n in graph.node} >= {"MatMulInt4", "Transpose", "Reshape"}
+    assert "derived_weights" not in json.loads((folded / "manifest.json").read_text())
+    np.testing.assert_array_equal(runtime.load(paths["onnxruntime"])(feed)[0],
+                                  runtime.load(folded)(feed)[0])
+
+
+def test_the_portable_model_reads_the_tiles_and_warns(built, monkeypatch):
+    """Without MatMulInt4 the portable model (MatMulNBits) reads the codes and scales back
+    from the stored tiles (folded at load: a copy, said in the warning), matching the
+    reference backend as the kernel does."""
+    import runtime.artifact
+    from backends.onnxruntime import OnnxRuntimeBackend
+    from backends.onnxruntime.probe import installed_kernels
+
+    paths, feed = built
+    portable = onnx.load(str(paths["onnxruntime"] / "backend" / "model.portable.onnx"),
+                         load_external_data=False).graph
+    reads = {i for n in portable.node for i in n.input}
+    names = [f"{name}.{part}" for name in TILED for part in
+             ("q4.int4_tiles8", "scales.scale_tiles8")]
+    assert set(names) <= reads and "MatMulNBits" in {n.op_type for n in portable.node}
+    kernels = installed_kernels()
+    monkeypatch.setattr("backends.onnxruntime.probe.installed_kernels",
+                        lambda: kernels.without(["ai.dayzero.MatMulInt4"]))
+    with pytest.warns(native_ops.PortableFallbackWarning, match="copies the weights"):
+        got = OnnxRuntimeBackend().load(runtime.artifact.Artifact(paths["onnxruntime"]))([feed])
+    want = runtime.load(paths["reference"])(feed)[0]
+    np.testing.assert_allclose(got[0], want, rtol=0, atol=1e-4 * float(np.abs(want).max()))
+
+
+def test_the_graph_layout_reads_back_exactly(built):
+    """`with_sources` (dayzero align's reference run) undoes the stored layouts, the scales'
+    with the parameter the manifest records: MatMulNBits' tensors, bit for bit."""
+    from backends.base import with_sources
+
+    paths, _ = built
+    manifest = json.loads((paths["onnxruntime"] / "manifest.json").read_text())
+    weights = with_sources(_stored(paths["onnxruntime"]), manifest["derived_weights"])
+    for name, tensor in _stored(paths["reference"]).items():
+        np.testing.assert_array_equal(weights[name], tensor)
+        assert weights[name].dtype == tensor.dtype
+
+
+
+
+LOAD_SCRIPT = r"""
+import re, sys, numpy as np, runtime
+def status(key):
+    text = open("/proc/self/status").read()
+    return int(re.search(key + r":\s+(\d+)", text).group(1)) * 1024
+runtime.load(sys.argv[1])(np.ones((1, 64), np.float32))  # ORT's and the library's start-up
+before = status("VmHWM")
+model = runtime.load(sys.argv[2])
+model(np.ones((1, 2048), np.float32))
+print(status("VmHWM") - before)
+"""
+
+
+class Wide(nn.Module):
+    def __init__(self, layers: int = 16, width: int = 2048):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(width, width, bias=False) for _ in range(layers))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_a_load_peaks_at_one_copy_of_the_int4_weights(tmp_path):
+    """Loading and running the first call maps the stored tiles: the process's peak resident
+    memory (VmHWM) grows by the int4 weights' bytes (36 MiB), not twice them as when ORT
+    folded MatMulNBits' layout into a copy."""
+    import subprocess
+    import sys
+
+    torch.manual_seed(3)
+    path = compiler.compile(Wide().eval(), (torch.randn(1, 2048),), out=tmp_path / "w.dz",
+                            backend="onnxruntime", config=INT4)
+    small = compiler.compile(Wide(1, 64).eval(), (torch.randn(1, 64),), out=tmp_path / "s.dz",
+                             backend="onnxruntime", config=INT4)
+    stored = _stored(path)
+    assert all(name.endswith(("int4_tiles8", "scale_tiles8")) for name in stored)
+    weights = sum(t.nbytes for t in stored.values())
+    assert weights == 16 * (2048 * 2048 // 2 + 2048 * 64 * 2)  # 36 MiB: codes and scales
+    out = subprocess.run([sys.executable, "-c", LOAD_SCRIPT, str(small), str(path)],
+                         capture_output=True, text=True, check=True, cwd=str(tmp_path))
+    grown = int(out.stdout.split()[-1])
+    assert weights * 0.9 < grown <= weights * 1.15, \
+        f"peak grew {grown / 2**20:.1f} MiB for {weights / 2**20:.0f} MiB of int4 weights"

@@ -4,8 +4,8 @@
 //   x [..., k] float32 (rank 1 to 4), codes [n / 8, k / 64, 8, 32] uint8,
 //   scales [n / 8, k / 32, 8] float16, bias [n] float32; y [..., n] float32.
 // No attributes: k and n are the inputs' dims. The IR op quantized_linear with bits 4,
-// group_size 32 and activations "int8"; the onnxruntime lowering makes codes and scales from
-// MatMulNBits' tensors (backends/onnxruntime/convert_fused.py).
+// group_size 32 and activations "int8"; the artifact stores codes and scales in this layout
+// (backends/onnxruntime/convert_int4.py, weight layouts int4_tiles8 and scale_tiles8).
 //
 // Like custom_ops.cc, no C++ exception crosses the C ABI.
 #include <cstring>
