@@ -1,6 +1,7 @@
 """The logit processors themselves: what each does to a batch of rows, and what it keeps of
 each sequence (runtime/logit_processors.py builds them from a generation config, in
-transformers' order, and says why the numbers are transformers').
+transformers' order, and says why the numbers are transformers'; and the OpenAI / vLLM request
+penalties, `OccurrencePenalty`, in vLLM's numbers).
 
 Each processor changes `scores` [rows, vocab] float32 in place, row i for `histories[i]`. The
 tables a sequence keeps (the distinct ids a repetition penalty looks at, the n-grams) are
@@ -50,6 +51,34 @@ class _Seen:
                 self.ids[self.count] = token
                 self.count += 1
         self.done = len(tokens)
+
+
+class _Counts:
+    """How often each id occurs among a sequence's GENERATED tokens (not its prompt), as two
+    growing arrays (ids in first-seen order, their counts): a new token costs O(1)."""
+
+    def __init__(self) -> None:
+        self.index: dict[int, int] = {}
+        self.ids = np.empty(16, np.int64)
+        self.counts = np.zeros(16, np.float32)
+        self.done = -1  # tokens looked at (-1: none yet, the prompt is skipped at first)
+
+    def extend(self, tokens: list[int], prompt_len: int) -> None:
+        for token in tokens[max(self.done, prompt_len):]:
+            token = int(token)
+            at = self.index.get(token)
+            if at is None:
+                at = self.index[token] = len(self.index)
+                if at == len(self.ids):
+                    self.ids = np.concatenate([self.ids, np.empty_like(self.ids)])
+                    self.counts = np.concatenate([self.counts, np.zeros_like(self.counts)])
+                self.ids[at] = token
+            self.counts[at] += 1  # exact in float32 up to 2**24 occurrences
+        self.done = len(tokens)
+
+    @property
+    def size(self) -> int:
+        return len(self.index)
 
 
 class _NGrams:
@@ -114,6 +143,40 @@ class RepetitionPenalty:
         ids = np.concatenate([s.ids[:s.count] for s in seen])
         picked = scores[rows, ids]
         scores[rows, ids] = np.where(picked < 0, picked * self.penalty, picked / self.penalty)
+
+
+class OccurrencePenalty:
+    """OpenAI's frequency and presence penalties as vLLM applies them (after the repetition
+    penalty, before temperature): over the GENERATED tokens only, each id's score less
+    `frequency` x its count, then less `presence` once (float32, in that order, as vLLM's
+    `apply_penalties` subtracts the two products from float32 logits)."""
+
+    def __init__(self, frequency: float, presence: float) -> None:
+        self.frequency = np.float32(frequency)
+        self.presence = np.float32(presence)
+
+    def new_table(self) -> _Counts:
+        return _Counts()
+
+    def apply(self, scores: np.ndarray, histories: Sequence[History]) -> None:
+        counts = []
+        for h in histories:
+            table = h.tables.get(self)
+            if table is None:
+                table = h.tables[self] = _Counts()
+            table.extend(h.tokens, h.prompt_len)
+            counts.append(table)
+        rows = np.repeat(np.arange(len(counts)), [c.size for c in counts])
+        if not len(rows):
+            return
+        ids = np.concatenate([c.ids[:c.size] for c in counts])
+        times = np.concatenate([c.counts[:c.size] for c in counts])
+        picked = scores[rows, ids]
+        if self.frequency:
+            picked = picked - self.frequency * times
+        if self.presence:
+            picked = picked - self.presence
+        scores[rows, ids] = picked
 
 
 class NoRepeatNGram:

@@ -11,6 +11,14 @@ builds its processors (the order matters: forced EOS overwrites a row that suppr
 are then taken out of), each with its check and the processor it builds. The processors come
 before temperature, top-k and top-p (runtime/sampling.py), for greedy decoding too.
 
+A call (`generate(**kwargs)`, an HTTP request) may also ask for what OpenAI's and vLLM's APIs
+have and transformers has not: `logit_bias` ({token id: bias}, OpenAI's shape) and the
+`frequency_penalty` / `presence_penalty` pair (over the generated tokens only). They are not
+generation-config fields (a generation_config.json's are not read), so they sit around
+transformers' table in vLLM's order (`CALL_FIELDS`): vLLM adds the bias to the raw logits
+before its penalties, and applies the repetition penalty, then the frequency, then the
+presence penalty.
+
 Numbers as transformers has them: the scores are float32 (transformers casts the model's
 logits to float32 first), a repetition penalty divides or multiplies in float32 by the float32
 penalty (what torch does with a Python scalar: bit for bit), a bias is summed in float32 before
@@ -40,6 +48,7 @@ from .logit_processor_ops import (
     Force,
     History,
     NoRepeatNGram,
+    OccurrencePenalty,
     RepetitionPenalty,
     SequenceBias,
 )
@@ -47,6 +56,8 @@ from .sampling import bad_rows
 
 MAX_IDS = 1 << 20  # token ids in one field's lists: a config or a request does bounded work
 MAX_COUNT = 1 << 24  # the largest n-gram size or minimum length taken (past any sequence)
+MAX_OCCURRENCE_PENALTY = 2.0  # OpenAI's range for frequency and presence penalties: [-2, 2]
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range for a logit bias: [-100, 100]
 
 
 class _Want(ValueError):
@@ -114,6 +125,33 @@ def _biases(value: Any, vocab: int) -> tuple[tuple[tuple[int, ...], float], ...]
     return tuple(zip(ids, map(float, biases)))
 
 
+def _occurrence(value: Any, vocab: int) -> float:
+    top = MAX_OCCURRENCE_PENALTY
+    if not isinstance(value, (int, float, np.integer, np.floating)) or isinstance(value, bool) \
+            or not -top <= value <= top:
+        raise _Want(f"a number in [-{top:g}, {top:g}] (0 is no penalty)")
+    return float(value)
+
+
+def _logit_bias(value: Any, vocab: int) -> tuple[tuple[int, float], ...]:
+    """{token id: bias}: OpenAI's shape (ids as decimal strings), or integer ids."""
+    top = MAX_LOGIT_BIAS
+    want = (f"an object mapping token ids in [0, {vocab - 1}] (decimal strings) to biases in "
+            f"[-{top:g}, {top:g}]")
+    if not isinstance(value, Mapping) or len(value) > min(vocab, MAX_IDS):
+        raise _Want(want)
+    pairs = []
+    for key, bias in value.items():
+        token = int(key) if isinstance(key, str) and key.isascii() and key.isdigit() \
+            and len(key) < 12 else key
+        if not _integer(token) or not 0 <= token < vocab or isinstance(bias, bool) \
+                or not isinstance(bias, (int, float, np.integer, np.floating)) \
+                or not -top <= bias <= top:
+            raise _Want(want)
+        pairs.append((int(token), float(bias)))
+    return tuple(pairs)
+
+
 # -- the table --------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Field:
@@ -155,7 +193,25 @@ FIELDS: tuple[Field, ...] = (
     Field("suppress_tokens", _tokens, lambda v, s, eos: Ban(v, lambda h: True) if v else None),
     Field("begin_suppress_tokens", _tokens, _begin),
 )
-NAMES = tuple(f.name for f in FIELDS)
+
+
+def _occurrence_penalty(settings: Mapping[str, Any]) -> OccurrencePenalty | None:
+    frequency = settings.get("frequency_penalty") or 0.0
+    presence = settings.get("presence_penalty") or 0.0
+    return OccurrencePenalty(frequency, presence) if frequency or presence else None
+
+
+# a call's arguments that are not generation-config fields, and where they go: the bias on the
+# raw logits first, the two penalties (one processor, built by the first set) after the rest
+LOGIT_BIAS = Field("logit_bias", _logit_bias, lambda v, s, eos: SequenceBias(
+    ((t,), b) for t, b in v) if v else None)
+CALL_FIELDS: tuple[Field, ...] = (
+    Field("frequency_penalty", _occurrence, lambda v, s, eos: _occurrence_penalty(s)),
+    Field("presence_penalty", _occurrence, lambda v, s, eos: None
+          if s.get("frequency_penalty") is not None else _occurrence_penalty(s)),
+)
+ORDER: tuple[Field, ...] = (LOGIT_BIAS, *FIELDS, *CALL_FIELDS)
+NAMES = tuple(f.name for f in ORDER)
 # the EOS ids the processors hold back or force, and generation stops at: a config's own
 # (transformers' generation_config.eos_token_id) over the artifact's
 EOS = Field("eos_token_id", _token_or_tokens, lambda v, s, eos: None)
@@ -191,7 +247,7 @@ class LogitProcessors:
         # an EOS id outside the logits bans nothing (torch.isin over the vocabulary)
         eos = tuple(t for t in self.eos_token_ids if 0 <= t < vocab_size)
         built = [(f.name, f.build(self.settings[f.name], self.settings, eos))
-                 for f in FIELDS if self.settings.get(f.name) is not None]
+                 for f in ORDER if self.settings.get(f.name) is not None]
         self.processors = tuple(p for _, p in built if p is not None)
         self.names = tuple(name for name, p in built if p is not None)
 
@@ -214,7 +270,8 @@ class LogitProcessors:
     def for_call(self, overrides: Mapping[str, Any] | None = None,
                  eos_token_ids: Iterable[int] | None = None) -> LogitProcessors:
         """These processors with a call's arguments over the config's (None: the config's;
-        1.0, 0 or [] turns one off), for its EOS ids; InputError naming a bad argument."""
+        1.0, 0 or [] turns one off; `logit_bias` and the frequency / presence penalties are
+        the call's alone), for its EOS ids; InputError naming a bad argument."""
         overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
         unknown = sorted(set(overrides) - set(NAMES))
         if unknown:
@@ -223,7 +280,8 @@ class LogitProcessors:
         eos = self.eos_token_ids if eos_token_ids is None else _eos_ids(eos_token_ids)
         if not overrides and eos == self.eos_token_ids:
             return self
-        merged = {**self.settings, **_checked(overrides, self.vocab_size, None, InputError)}
+        merged = {**self.settings,
+                  **_checked(overrides, self.vocab_size, None, InputError, ORDER)}
         return LogitProcessors(merged, self.vocab_size, eos)
 
     def history(self, tokens: list[int], prompt_len: int, max_new_tokens: int) -> History:

@@ -27,8 +27,15 @@ def add_parser(sub) -> None:
                    help="requests waiting for their first token before new ones get 429")
     p.add_argument("--model-name", default=None, metavar="NAME",
                    help="the model id clients send (default: the artifact folder's name)")
-    p.add_argument("--kv-cache-memory", default=None, metavar="SIZE",
-                   help="KV cache size, e.g. 512MiB (default: as compiled)")
+    p.add_argument("--kv-cache-memory", default="auto", metavar="SIZE",
+                   help="KV cache size, e.g. 512MiB; auto (the default): what --max-model-len "
+                        "x --max-num-seqs tokens need, at most half the memory available after "
+                        "the weights and the activation arena")
+    p.add_argument("--max-model-len", type=int, default=None, metavar="N",
+                   help="the context served: prompt plus new tokens (default: the artifact's "
+                        "positions)")
+    p.add_argument("--max-num-seqs", type=int, default=256, metavar="N",
+                   help="sequences generated at once; more wait their turn (default 256)")
     p.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
                    help="seconds in-flight requests get to finish after SIGTERM")
     p.add_argument("--body-timeout", type=float, default=30.0, metavar="S",
@@ -50,12 +57,13 @@ def add_parser(sub) -> None:
 def serve_command(args) -> int:
     _check_args(args)
     _require_serve_extra()
-    import runtime
     from runtime.generation.model import GenerationModel
+    from runtime.serving.memory import load_served
 
     _check_ranks(args)
     session = options_from_assignments(args.session, "session").get("session")
-    model = runtime.load(args.artifact, kv_cache_memory=args.kv_cache_memory, session=session)
+    model, context = load_served(args.artifact, args.kv_cache_memory, args.max_model_len,
+                                 args.max_num_seqs, session, args.max_batch_tokens)
     if not isinstance(model, GenerationModel):
         model.generate()  # a forward artifact: says to compile with --task text-generation
     compiled = model.spec.max_batch_tokens
@@ -70,7 +78,8 @@ def serve_command(args) -> int:
     return serve(model, name, host=args.host, port=args.port,
                  max_batch_tokens=args.max_batch_tokens, max_queue=args.max_queue,
                  drain_timeout=args.drain_timeout, log_level=args.log_level,
-                 body_timeout=args.body_timeout)
+                 body_timeout=args.body_timeout, max_model_len=context,
+                 max_num_seqs=args.max_num_seqs)
 
 
 def _check_ranks(args) -> None:
@@ -93,7 +102,9 @@ def _check_args(args) -> None:
         raise DayzeroError(f"--nproc {args.nproc} is not a positive number of ranks", "--nproc",
                            "pass --nproc 1, or the ranks of a tensor-parallel artifact")
     for flag, value, low in (("--max-batch-tokens", args.max_batch_tokens, 1),
-                             ("--max-queue", args.max_queue, 1), ("--port", args.port, 0)):
+                             ("--max-queue", args.max_queue, 1), ("--port", args.port, 0),
+                             ("--max-num-seqs", args.max_num_seqs, 1),
+                             ("--max-model-len", args.max_model_len, 2)):
         if value is not None and value < low:
             raise DayzeroError(f"{flag} {value} is less than {low}", flag,
                                f"pass {flag} of at least {low}")

@@ -194,6 +194,20 @@ def checked_cache_memory(spec: GenerationSpec, override: int | None) -> int:
                 "generate / serve) or runtime.load(..., kv_cache_memory=SIZE)")
 
 
+AUTO_CACHE_SHARE = 0.5  # of the memory available after the weights and the activation arena
+
+
+def auto_cache_memory(spec: GenerationSpec, tokens: int, available: int | None) -> int:
+    """The pool a server needs and may take (`--kv-cache-memory auto`): `tokens` (its context
+    times its sequences) in whole blocks, rounded up, at most AUTO_CACHE_SHARE of `available`
+    bytes (None: not capped) in whole blocks, and at least one block."""
+    layout = spec.cache_layout()
+    blocks = -(-max(int(tokens), 1) // spec.block_size)
+    if available is not None:
+        blocks = min(blocks, int(available * AUTO_CACHE_SHARE) // layout.block_bytes)
+    return max(blocks, 1) * layout.block_bytes
+
+
 def _gib(size: int) -> str:
     return f"{size / 2**30:.3g} GiB"
 

@@ -45,14 +45,17 @@ GENERATION_ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
 
 def create_app(model, model_name: str, engine: Engine, metrics: Metrics,
                workers: Workers | None = None, max_body_bytes: int = MAX_BODY_BYTES,
-               body_timeout: float = BODY_TIMEOUT_S) -> FastAPI:
+               body_timeout: float = BODY_TIMEOUT_S,
+               max_model_len: int | None = None) -> FastAPI:
     """The routes over `engine`; requests are read on `workers` (the server abandons them
-    there at the drain's deadline)."""
+    there at the drain's deadline). `max_model_len`: the context served (prompt and new
+    tokens), at most the artifact's positions (None: all of them)."""
     app = FastAPI(title=f"dayzero serve {model_name}", docs_url=None, redoc_url=None,
                   openapi_url=None)
     created = int(time.time())
     workers = workers or Workers()
     max_chars = prompt_char_limit(model)
+    context = min(model.spec.max_positions, max_model_len or model.spec.max_positions)
 
     def count(endpoint: str, status: int) -> None:
         if endpoint in GENERATION_ENDPOINTS:  # no label per path a client makes up
@@ -75,7 +78,8 @@ def create_app(model, model_name: str, engine: Engine, metrics: Metrics,
             raise _unavailable(exc) from None
         try:
             raw = await request.body()
-            parsed = await workers.run(read_request, raw, chat, model_name, model, max_chars)
+            parsed = await workers.run(read_request, raw, chat, model_name, model, max_chars,
+                                       context)
         except NotAccepting as exc:  # abandoned at the drain's deadline
             engine.close_request()
             raise _unavailable(exc) from None
@@ -125,7 +129,7 @@ def create_app(model, model_name: str, engine: Engine, metrics: Metrics,
     async def models():
         return {"object": "list", "data": [{"id": model_name, "object": "model",
                                             "created": created, "owned_by": "dayzero",
-                                            "max_model_len": model.spec.max_positions}]}
+                                            "max_model_len": context}]}
 
     @app.get("/health")
     async def health():

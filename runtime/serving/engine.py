@@ -16,6 +16,10 @@ arrived before SIGTERM is admitted when its checks end, until the drain's deadli
 engine. A sequence the model fails (NaN or +inf logits: an event with `error`) ends alone with
 finish_reason "error"; the others of its step go on.
 
+At most `max_num_seqs` requests are in the Scheduler at once (running or waiting for blocks);
+the others wait here in arrival order and enter as those end (vLLM's `--max-num-seqs`): a KV
+cache sized for that many full contexts (memory.py) then never preempts.
+
 Before taking requests the thread allocates the KV cache and warms the model with a one-token
 generation; `ready` is set after it (the health check answers 200 from then on, and requests
 are read only from then on: their checks need the cache's size).
@@ -28,6 +32,7 @@ import logging
 import queue
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -83,11 +88,14 @@ class Job:
 
 class Engine:
     def __init__(self, model, metrics: Metrics, max_batch_tokens: int | None = None,
-                 max_queue: int = 64):
+                 max_queue: int = 64, max_num_seqs: int | None = None):
         self.model = model
         self.metrics = metrics
         self.max_queue = max_queue
         self.max_batch_tokens = max_batch_tokens
+        self.max_num_seqs = max_num_seqs  # None: as many as the scheduler takes
+        # admitted jobs not yet in the scheduler (max_num_seqs reached), by id(sequence)
+        self.pending: OrderedDict[int, Job] = OrderedDict()
         self.scheduler: Scheduler | None = None  # made on the engine thread (the KV pool)
         self.inbox: queue.Queue = queue.Queue()
         self.jobs: dict[int, Job] = {}  # id(sequence) -> job; the engine thread's own
@@ -142,13 +150,15 @@ class Engine:
             self.active += 1
         sampling = request.sampling
         rng = np.random.default_rng([sampling.seed, 0]) if sampling.seed is not None else None
-        # the artifact's generation config (its logit processors and eos ids), as `generate`
-        processors = getattr(self.model, "logit_processors", None)
+        # the request's logit processors and eos ids (protocol.py: its sampling fields over the
+        # artifact's generation config), else the artifact's own, as `generate`
+        processors = request.processors or getattr(self.model, "logit_processors", None)
         eos = self.model.spec.eos_token_ids if processors is None else processors.eos_token_ids
         sequence = Sequence(list(request.prompt_ids), request.max_tokens, sampling,
                             frozenset(int(t) for t in eos), rng, images=request.images,
                             processors=processors)
-        job = Job(request, sequence, TextStream(self.model.tokenizer, request.stop), loop)
+        text = TextStream(self.model.tokenizer, request.stop, request.min_tokens)
+        job = Job(request, sequence, text, loop)
         self.metrics.prompt_tokens.inc(len(request.prompt_ids))
         self.inbox.put(("add", job))
         return job
@@ -204,11 +214,12 @@ class Engine:
         self.ready.set()
         clock = _PhaseClock(self.metrics.engine_seconds)
         while True:
-            idle = self.scheduler.idle
+            idle = self.scheduler.idle and not self.pending
             running = self._take_commands(block=idle)
             clock.lap("idle" if idle else "commands")
             if not running:
                 break
+            self._admit()
             if self.scheduler.idle:
                 self._flush()
                 continue
@@ -257,7 +268,8 @@ class Engine:
         """Prompts that fill one step's token budget: chunk-long ones (within the context and
         the KV pool), each answered with one token."""
         scheduler = self.scheduler
-        length = max(1, min(scheduler.chunk, self.model.spec.max_positions - 1))
+        pool = scheduler.allocator.num_blocks * scheduler.allocator.block_size
+        length = max(1, min(scheduler.chunk, self.model.spec.max_positions - 1, pool - 1))
         fit = scheduler.allocator.num_blocks // scheduler.allocator.blocks_needed(length)
         count = max(1, min(-(-scheduler.budget // length), fit))
         return [Sequence([token] * length, 1) for _ in range(count)]
@@ -275,9 +287,12 @@ class Engine:
                 return False
             if kind == "add":
                 self.jobs[id(job.sequence)] = job
-                self.scheduler.add(job.sequence)
+                self.pending[id(job.sequence)] = job
             elif kind == "cancel" and id(job.sequence) in self.jobs:
-                self.scheduler.cancel(job.sequence)
+                if self.pending.pop(id(job.sequence), None) is None:
+                    self.scheduler.cancel(job.sequence)
+                else:
+                    job.sequence.finish_reason = "cancelled"
                 self._end(job, Delta("", [], "cancelled"))
             elif kind == "cancel_all":
                 self._end_all("cancelled")
@@ -286,6 +301,14 @@ class Engine:
             except queue.Empty:
                 self._gauges()
                 return True
+
+    def _admit(self) -> None:
+        """Hand the pending jobs to the scheduler, oldest first, up to `max_num_seqs` there."""
+        scheduler, cap = self.scheduler, self.max_num_seqs
+        while self.pending and (cap is None
+                                or len(scheduler.running) + len(scheduler.waiting) < cap):
+            _, job = self.pending.popitem(last=False)
+            scheduler.add(job.sequence)
 
     def _emit(self, event: TokenEvent, now: float) -> None:
         job = self.jobs.get(id(event.sequence))
@@ -329,7 +352,9 @@ class Engine:
 
     def _end_all(self, reason: str, error: str | None = None) -> None:
         for job in list(self.jobs.values()):
-            if not job.sequence.finished:
+            if self.pending.pop(id(job.sequence), None) is not None:
+                job.sequence.finish_reason = reason
+            elif not job.sequence.finished:
                 self.scheduler.cancel(job.sequence)
             self._end(job, Delta("", [], reason, error))
         self._gauges()

@@ -1,5 +1,8 @@
 """Running the server: uvicorn on one event loop, the engine on its own thread, and a drain.
 
+Once the port is open and the model warm, one line goes to stdout, whatever the log level:
+`ready: http://HOST:PORT, model NAME, KV cache N tokens`.
+
 SIGTERM (or Ctrl-C) starts a drain instead of uvicorn's immediate stop: the engine admits
 nothing new and /health answers 503, the requests in flight (those being read and checked
 too: a chat template rendering, a prompt being tokenized) run to their end for up to
@@ -36,12 +39,16 @@ FAIL_EXIT_S = 1.0  # a failed model's 503s are seen this long before the server 
 def serve(model, model_name: str, host: str = "127.0.0.1", port: int = 8000,
           max_batch_tokens: int | None = None, max_queue: int = 64,
           drain_timeout: float = 30.0, log_level: str = "info",
-          body_timeout: float = BODY_TIMEOUT_S) -> int:
-    """Serve `model` (a GenerationModel) until a signal drains it; the exit status."""
+          body_timeout: float = BODY_TIMEOUT_S, max_model_len: int | None = None,
+          max_num_seqs: int | None = None) -> int:
+    """Serve `model` (a GenerationModel) until a signal drains it; the exit status.
+    `max_model_len`: the context served (None: the artifact's); `max_num_seqs`: sequences
+    generated at once (None: no bound but the scheduler's)."""
     metrics = Metrics()
-    engine = Engine(model, metrics, max_batch_tokens, max_queue)
+    engine = Engine(model, metrics, max_batch_tokens, max_queue, max_num_seqs)
     workers = Workers()
-    app = create_app(model, model_name, engine, metrics, workers, body_timeout=body_timeout)
+    app = create_app(model, model_name, engine, metrics, workers, body_timeout=body_timeout,
+                     max_model_len=max_model_len)
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -54,7 +61,7 @@ def serve(model, model_name: str, host: str = "127.0.0.1", port: int = 8000,
     app.router.lifespan_context = lifespan
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
                             timeout_graceful_shutdown=5)
-    server = _DrainingServer(config, engine, workers, drain_timeout)
+    server = _DrainingServer(config, engine, workers, drain_timeout, model_name)
     _log_like_uvicorn(log_level)
     engine.on_failure = server.fail
     on_failure = getattr(model, "on_failure", None)
@@ -84,13 +91,36 @@ def _log_like_uvicorn(level: str) -> None:
 
 
 class _DrainingServer(uvicorn.Server):
-    def __init__(self, config, engine: Engine, workers: Workers, drain_timeout: float):
+    def __init__(self, config, engine: Engine, workers: Workers, drain_timeout: float,
+                 model_name: str = ""):
         super().__init__(config)
         self.engine = engine
         self.workers = workers
         self.drain_timeout = drain_timeout
+        self.model_name = model_name
         self._draining = False
         self.failure: str | None = None
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if self.started:  # the port is open; the line comes once the model is warm too
+            threading.Thread(target=self._announce, name="dayzero-ready", daemon=True).start()
+
+    def _announce(self) -> None:
+        """Print the one line that says the server answers (/health 200 from now on)."""
+        while not self.engine.ready.wait(0.05):
+            if self.engine.failure is not None or self.should_exit:
+                return
+        if self.engine.failure is not None or self._draining:
+            return
+        host, port = self.config.host, self.config.port
+        bound = [s.getsockname() for server in self.servers for s in (server.sockets or ())]
+        if bound:
+            port = bound[0][1]
+        allocator = self.engine.scheduler.allocator
+        tokens = allocator.num_blocks * allocator.block_size
+        print(f"ready: http://{host}:{port}, model {self.model_name}, KV cache {tokens} "
+              "tokens", flush=True)
 
     def fail(self, message: str) -> None:
         """A rank died or the warm-up failed (any thread): unhealthy now, end every request,

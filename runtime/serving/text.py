@@ -4,16 +4,19 @@ Each token re-decodes the generated ids (tokenizers merge pieces across tokens, 
 token alone can differ) and hands out only what is new and final: text ending in an unfinished
 multi-byte character (U+FFFD) waits for its next token, and a tail that could be the start of a
 stop string is held back until it is known not to be one. A stop string ends the sequence; the
-text stops before it, as OpenAI's `stop` does.
+text stops before it, as OpenAI's `stop` does. Before `min_tokens` tokens (vLLM's `min_tokens`)
+no stop string is looked for, as vLLM's stop checker skips them; the text is handed out as it
+comes.
 """
 
 from __future__ import annotations
 
 
 class TextStream:
-    def __init__(self, tokenizer, stop: tuple[str, ...] = ()):
+    def __init__(self, tokenizer, stop: tuple[str, ...] = (), min_tokens: int = 0):
         self.tokenizer = tokenizer  # None: an artifact without one (token ids only, no text)
         self.stop = stop
+        self.min_tokens = min_tokens
         self.tokens: list[int] = []
         self.sent = 0  # characters of the text already handed out
         self.stopped = False
@@ -24,6 +27,8 @@ class TextStream:
         if self.tokenizer is None or self.stopped:
             return ""
         text = self.tokenizer.decode(self.tokens)
+        if len(self.tokens) < self.min_tokens:  # no stop string yet
+            return "" if text.endswith("\ufffd") else self._take(text, len(text))
         # text handed out was searched when it was new: a stop string can only end after it
         cut = min((i for i in (text.find(s, max(0, self.sent - len(s) + 1)) for s in self.stop)
                    if i >= 0), default=-1)
