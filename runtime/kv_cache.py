@@ -3,24 +3,28 @@
 As vLLM pages it: a sequence's keys and values live in blocks of `block_size` tokens anywhere in
 the pool, listed in its block table, so sequences of any length share one allocation sized once
 from the config (`generation.kv_cache_memory`), nothing is copied when a sequence grows, and a
-finished sequence's blocks are free at once. `BlockAllocator` keeps the books (which block
-belongs to whom; which sequence to preempt when the pool runs dry: the newest, whose recompute
-costs least and which has waited least); `PagedKVCache` holds the data, two [blocks, block_size,
-heads, width] arrays per layer: keys and values of an attention layer, or, for DeepSeek's latent
-attention, the compressed latent and the shared rotary key (`LayerPools`; the step graph names
-them `k_cache_<i>` and `v_cache_<i>` alike). With `dtype="int8"` each token's head is stored as
-int8 with a float32 scale (max |x| / 127), a quarter of fp32's bytes; int8 cannot hold NaN or
-Inf, so writing one is refused rather than silently clipped.
+finished sequence's blocks are free at once (or, full blocks of a cached prefix, kept for the
+next request until the pool needs them: prefix_cache.py). `BlockAllocator` keeps the books
+(which block belongs to whom; which sequence to preempt when the pool runs dry: the newest,
+whose recompute costs least and which has waited least); `PagedKVCache` holds the data, two
+[blocks, block_size, heads, width] arrays per layer: keys and values of an attention layer, or,
+for DeepSeek's latent attention, the compressed latent and the shared rotary key (`LayerPools`;
+the step graph names them `k_cache_<i>` and `v_cache_<i>` alike). With `dtype="int8"` each
+token's head is stored as int8 with a float32 scale (max |x| / 127), a quarter of fp32's bytes;
+int8 cannot hold NaN or Inf, so writing one is refused rather than silently clipped.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from compiler.errors import DayzeroError, InputError
+
+from .prefix_cache import PrefixCache
 
 _ITEMSIZE = {"f32": 4, "f16": 2, "int8": 1}
 _NUMPY = {"f32": np.float32, "f16": np.float16, "int8": np.int8}
@@ -95,44 +99,96 @@ class CacheLayout:
 
 @dataclass
 class BlockAllocator:
-    """Which block belongs to which sequence; free blocks are reused most recent first."""
+    """Which blocks belong to which sequence. Free blocks are reused most recent first; when
+    none is left, a cached block nobody holds is evicted, least recently used first. With
+    prefix caching (the scheduler's `commit` and `grow(..., reuse=...)`), a full block is
+    named by its prefix's digest (prefix_cache.py) and may sit in several tables at once:
+    `refs` counts them, and a cached block whose last holder lets go stays cached (evictable)
+    rather than free. `prefix_queries` and `prefix_hits` count the prompt tokens looked up
+    at admission and those found cached (the serving metrics read them)."""
     num_blocks: int
     block_size: int
     free: list[int] = field(default_factory=list)
     tables: dict[object, list[int]] = field(default_factory=dict)
     lengths: dict[object, int] = field(default_factory=dict)
+    refs: list[int] = field(default_factory=list)
+    cache: PrefixCache = field(default_factory=PrefixCache)
+    committed: dict[object, int] = field(default_factory=dict)  # blocks named, per sequence
+    prefix_queries: int = 0
+    prefix_hits: int = 0
 
     def __post_init__(self) -> None:
         self.free = list(range(self.num_blocks - 1, -1, -1))  # pop() hands out 0, 1, 2, ...
+        self.refs = [0] * self.num_blocks
 
     def blocks_needed(self, tokens: int) -> int:
         return math.ceil(tokens / self.block_size)
 
-    def fits(self, seq: object, length: int) -> bool:
-        """Whether `seq` can grow to `length` tokens without preempting anyone."""
-        have = len(self.tables.get(seq, ()))
-        return self.blocks_needed(length) - have <= len(self.free)
+    @property
+    def available(self) -> int:
+        """Blocks a sequence may take: the free ones and the evictable cached ones."""
+        return len(self.free) + len(self.cache.evictable)
 
-    def grow(self, seq: object, length: int) -> list[int]:
-        """Give `seq` blocks for `length` tokens (admitting it if new); its block table."""
+    def fits(self, seq: object, length: int, reuse: Sequence[int] = ()) -> bool:
+        """Whether `seq` can grow to `length` tokens without preempting anyone (a new
+        sequence first taking the cached blocks `reuse`)."""
+        have = len(self.tables.get(seq, ())) + len(reuse)
+        claimed = sum(1 for block in reuse if self.refs[block] == 0)  # leave the evictable
+        return self.blocks_needed(length) - have <= self.available - claimed
+
+    def grow(self, seq: object, length: int, reuse: Sequence[int] = ()) -> list[int]:
+        """Give `seq` blocks for `length` tokens (admitting it if new: its table starts with
+        the cached blocks `reuse`, `match`'s, shared); its block table."""
         table = self.tables.get(seq, [])
-        more = self.blocks_needed(length) - len(table)
-        if more > len(self.free):
+        more = self.blocks_needed(length) - len(table) - len(reuse)
+        if not self.fits(seq, length, reuse):
             raise CacheFullError(
                 f"sequence {seq!r} needs {more} more block(s) of {self.block_size} tokens for "
-                f"{length} tokens; {len(self.free)} of {self.num_blocks} are free",
+                f"{length} tokens; {self.available} of {self.num_blocks} are free",
                 "kv cache", "preempt a sequence (the newest) and retry, or give the cache "
                 "more memory (generation.kv_cache_memory)")
+        if reuse:
+            for block in reuse:
+                self.refs[block] += 1
+                self.cache.claim(block)
+            table.extend(reuse)
+            self.committed[seq] = len(reuse)
         # in place: a decode step grows each member's table by at most a block, at O(1)
-        table.extend(self.free.pop() for _ in range(max(more, 0)))
+        table.extend(self._take() for _ in range(max(more, 0)))
         self.tables[seq] = table
         self.lengths[seq] = max(length, self.lengths.get(seq, 0))
         return table
 
+    def _take(self) -> int:
+        block = self.free.pop() if self.free else self.cache.evict()
+        self.refs[block] = 1
+        return block
+
+    def match(self, digests: Sequence[bytes]) -> list[int]:
+        """The cached blocks of the longest prefix of the chain `digests` (prefix_cache.py)."""
+        return self.cache.match(digests)
+
+    def commit(self, seq: object, digests: Sequence[bytes], full: int) -> None:
+        """Name `seq`'s first `full` blocks (full, their keys and values written by a step
+        that has run) by `digests`, so later sequences can reuse them; blocks named before
+        are skipped, so a step costs the blocks it filled."""
+        table = self.tables.get(seq)
+        if table is None:  # released (cancelled) meanwhile: nothing of it to keep
+            return
+        for index in range(self.committed.get(seq, 0), full):
+            self.cache.register(table[index], digests[index])
+        self.committed[seq] = full
+
     def release(self, seq: object) -> None:
-        """Free every block of `seq` (it finished, was cancelled or is preempted)."""
-        self.free.extend(reversed(self.tables.pop(seq, [])))
+        """Let go of every block of `seq` (it finished, was cancelled or is preempted): a
+        cached one nobody else holds becomes evictable (its last block first, so a prefix is
+        evicted from its end), any other is free."""
+        for block in reversed(self.tables.pop(seq, [])):
+            self.refs[block] -= 1
+            if not self.refs[block] and not self.cache.park(block):
+                self.free.append(block)
         self.lengths.pop(seq, None)
+        self.committed.pop(seq, None)
 
     def victim(self) -> object | None:
         """The sequence to preempt when the pool runs dry: the most recently admitted."""
@@ -140,7 +196,13 @@ class BlockAllocator:
 
     @property
     def used(self) -> int:
-        return self.num_blocks - len(self.free)
+        """Blocks some sequence holds (cached blocks nobody holds are not counted)."""
+        return self.num_blocks - self.available
+
+    @property
+    def cached_blocks(self) -> int:
+        """Blocks named by a prefix digest, held or evictable."""
+        return len(self.cache)
 
 
 def _positive(value, name: str) -> None:

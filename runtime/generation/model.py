@@ -37,8 +37,10 @@ from .vision import ImageEncoder, ImageRows, image_feeds, split_messages
 
 
 class GenerationModel:
-    def __init__(self, step: CompiledModel, *, kv_cache_memory: int | None = None):
+    def __init__(self, step: CompiledModel, *, kv_cache_memory: int | None = None,
+                 prefix_cache: bool = True):
         self.step_model = step
+        self.prefix_cache = prefix_cache  # reuse cached prompt blocks (runtime/prefix_cache.py)
         self.spec = GenerationSpec.from_manifest(step.manifest.get("generation"),
                                                  str(step.path))
         artifact = step.artifact
@@ -199,10 +201,11 @@ class GenerationModel:
         return self.vision.place(prompts.rows, features)
 
     def _schedule(self, requests: list[Request]):
-        scheduler = Scheduler(self.runner)
+        scheduler = Scheduler(self.runner, prefix_cache=self.prefix_cache)
         for request in requests:
             scheduler.add(request)
         stats = self.stats = GenerationStats(prompt_tokens=sum(r.prompt_len for r in requests))
+        scheduler.on_step = stats.count_step
         start = time.perf_counter()
         try:
             for event in scheduler.run():
@@ -211,6 +214,7 @@ class GenerationModel:
                 stats.record(event.sequence, time.perf_counter() - start, self.runner)
                 yield event
             stats.preemptions = scheduler.preemptions
+            stats.cached_tokens = sum(r.cached_prompt_tokens for r in requests)
         finally:
             for request in requests:  # an abandoned stream frees its blocks
                 if not request.finished:
@@ -255,7 +259,8 @@ def _images(pixel_values: Any, images: Sequence[Any] | None) -> list | None:
 @dataclass
 class GenerationStats:
     """What the last `generate` / `stream` call did: time to first token, generated tokens
-    and when the last came, preemptions, and the most cache blocks in use."""
+    and when the last came, preemptions, the most cache blocks in use, the tokens its steps
+    computed and the prompt tokens it found in the prefix cache instead."""
     prompt_tokens: int = 0
     generated_tokens: int = 0
     first_token_s: float | None = None
@@ -263,6 +268,11 @@ class GenerationStats:
     preemptions: int = 0
     peak_blocks: int = 0
     total_blocks: int = 0
+    computed_tokens: int = 0
+    cached_tokens: int = 0
+
+    def count_step(self, tokens: int, sequences: int) -> None:
+        self.computed_tokens += tokens
 
     def record(self, seq: Request, elapsed: float, runner: StepRunner) -> None:
         self.generated_tokens += 1

@@ -8,6 +8,12 @@ blocks are freed and it goes back to the front of the queue, to be recomputed fr
 (prompt and what it generated so far) when blocks free up, so nothing is lost. A finished or
 cancelled sequence frees its blocks at once. `generate` and the server drive the same loop.
 
+With prefix caching (on unless `prefix_cache=False`; runtime/prefix_cache.py), a block is
+named by the digest of its prefix once the step that filled it has run, and a sequence
+admitted from the queue (new, or preempted and back) starts with every cached full block of
+its tokens but the last (whose logits it needs): its `cached` count starts there and its
+first step computes only the rest. A sequence's digests are made once, as its blocks fill.
+
 A step costs O(the sequences in it), however many wait: the queue and the running set are
 insertion-ordered dicts keyed by a sequence's stable id (membership, removal, front and back
 in O(1)), planning walks the running sequences from the oldest only while the budget lasts and
@@ -37,6 +43,7 @@ import numpy as np
 from compiler.errors import InputError
 
 from ..logit_processors import History, LogitProcessors
+from ..prefix_cache import extend_chain
 from ..sampling import SamplingParams, next_tokens, row_error
 from .engine import StepRunner
 from .step import StepPart
@@ -49,7 +56,9 @@ class Sequence:
     """One request: its tokens so far (prompt, then generated), how many are cached, and when
     it stops. `seq_id` is its stable key (the scheduler's and the block allocator's).
     `processors`: its generation config's logit processors (`LogitProcessors.for_call`);
-    `history` is what they keep of it, None when it has none active."""
+    `history` is what they keep of it, None when it has none active. `cached_prompt_tokens`:
+    how many of its prompt tokens were found in the prefix cache when it was first admitted
+    (`usage.prompt_tokens_details.cached_tokens`); `block_hashes`: its full blocks' digests."""
     tokens: list[int]
     max_new_tokens: int
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -60,10 +69,12 @@ class Sequence:
     finish_reason: str | None = None
     preemptions: int = 0
     images: Any = None  # vision.ImageRows of the prompt's image tokens, if it has images
+    cached_prompt_tokens: int = field(default=0, init=False)  # prompt tokens found cached
     error: str | None = None  # why it ended with finish_reason "error"
     seq_id: int = field(default_factory=lambda: next(_NEXT_ID))
     processors: LogitProcessors | None = None
     history: History | None = field(default=None, init=False, repr=False)
+    block_hashes: list[bytes] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.prompt_len = self.prompt_len or len(self.tokens)
@@ -91,8 +102,9 @@ class TokenEvent:
 
 class Scheduler:
     def __init__(self, runner: StepRunner, max_batch_tokens: int | None = None,
-                 prefill_chunk: int | None = None):
+                 prefill_chunk: int | None = None, prefix_cache: bool = True):
         self.runner = runner
+        self.prefix_cache = prefix_cache
         # a step packs no more tokens than the step graph was compiled for
         self.budget = min(max_batch_tokens or runner.spec.max_batch_tokens,
                           runner.max_step_tokens or math.inf)
@@ -137,6 +149,8 @@ class Scheduler:
             self.on_step(sum(n for _, n in members), len(members))
         for seq, n in members:
             seq.cached += n
+        if self.prefix_cache:
+            self._commit(members)
         wanted = [(members[i][0], row) for row, i in enumerate(rows) if parts[i].logits]
         errors: dict[int, str] = {}
         tokens = self._sample(wanted, logits, errors)
@@ -166,15 +180,46 @@ class Scheduler:
             self.waiting.move_to_end(seq.seq_id, last=False)
         while budget > 0 and self.waiting:
             seq = next(iter(self.waiting.values()))
-            n = min(len(seq.tokens) - seq.cached, self.chunk, budget)
-            if not self.allocator.fits(seq.seq_id, seq.cached + n):
+            reuse = self._cached_prefix(seq) if self.prefix_cache else ()
+            cached = len(reuse) * self.allocator.block_size  # 0 without: it holds no block
+            n = min(len(seq.tokens) - cached, self.chunk, budget)
+            if not self.allocator.fits(seq.seq_id, cached + n, reuse):
                 break
             del self.waiting[seq.seq_id]
             self.running[seq.seq_id] = seq
-            self.allocator.grow(seq.seq_id, seq.cached + n)
+            self.allocator.grow(seq.seq_id, cached + n, reuse)
+            seq.cached = cached
+            if self.prefix_cache and not seq.preemptions:  # a request's prompt, counted once
+                seq.cached_prompt_tokens = cached
+                self.allocator.prefix_queries += len(seq.tokens)
+                self.allocator.prefix_hits += cached
             members.append((seq, n))
             budget -= n
         return members
+
+    def _cached_prefix(self, seq: Sequence) -> list[int]:
+        """The cached blocks `seq` can start with: those of its longest cached prefix of full
+        blocks, its last token left out (it must be computed: its logits give the next)."""
+        size = self.allocator.block_size
+        upto = (len(seq.tokens) - 1) // size
+        chain = seq.block_hashes
+        if len(chain) < upto:
+            extend_chain(chain, seq.tokens, seq.images, size, upto)
+        return self.allocator.match(chain[:upto])
+
+    def _commit(self, members: list[tuple[Sequence, int]]) -> None:
+        """Name the blocks this step filled (their keys and values are final now) by their
+        prefix digests, for later sequences to reuse: a member whose step filled no block
+        costs a lookup."""
+        allocator = self.allocator
+        size, committed = allocator.block_size, allocator.committed
+        for seq, _ in members:
+            full = seq.cached // size
+            if full > committed.get(seq.seq_id, 0):
+                chain = seq.block_hashes
+                if len(chain) < full:
+                    extend_chain(chain, seq.tokens, seq.images, size, full)
+                allocator.commit(seq.seq_id, chain, full)
 
     def _reserve(self, seq: Sequence, length: int, newest: Iterator[Sequence],
                  preempted: list[Sequence]) -> bool:
