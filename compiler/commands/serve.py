@@ -36,6 +36,9 @@ def add_parser(sub) -> None:
                         "positions)")
     p.add_argument("--max-num-seqs", type=int, default=256, metavar="N",
                    help="sequences generated at once; more wait their turn (default 256)")
+    p.add_argument("--no-prefix-cache", action="store_true",
+                   help="do not reuse the KV blocks of prompt prefixes seen before (automatic "
+                        "prefix caching is on by default)")
     p.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
                    help="seconds in-flight requests get to finish after SIGTERM")
     p.add_argument("--body-timeout", type=float, default=30.0, metavar="S",
@@ -66,6 +69,7 @@ def serve_command(args) -> int:
                                  args.max_num_seqs, session, args.max_batch_tokens)
     if not isinstance(model, GenerationModel):
         model.generate()  # a forward artifact: says to compile with --task text-generation
+    model.prefix_cache = not args.no_prefix_cache
     compiled = model.spec.max_batch_tokens
     if args.max_batch_tokens is not None and args.max_batch_tokens > compiled:
         raise DayzeroError(f"--max-batch-tokens {args.max_batch_tokens} is more than the "

@@ -282,6 +282,7 @@ def _reason(reason: str | None) -> str | None:
     return "stop" if reason == "cancelled" else reason  # a client never sees its own cancel
 
 
-def _usage(job: Job) -> dict[str, int]:
+def _usage(job: Job) -> dict[str, Any]:
     return {"prompt_tokens": job.prompt_tokens, "completion_tokens": job.completion_tokens,
-            "total_tokens": job.prompt_tokens + job.completion_tokens}
+            "total_tokens": job.prompt_tokens + job.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": job.sequence.cached_prompt_tokens}}

@@ -110,6 +110,7 @@ class Engine:
         # told when the warm-up fails: a server that can never answer stops, with the reason
         self.on_failure: Callable[[str], None] | None = None
         self._preemptions = 0
+        self._prefix = (0, 0)  # the allocator's prefix queries and hits already counted
         self._kv_peak = 0
         # deltas of this turn of the loop, by event loop: handed over in one call per loop
         self._outbox: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Delta]]] = {}
@@ -242,7 +243,8 @@ class Engine:
 
     def _warm_up(self) -> None:
         spec = self.model.spec
-        self.scheduler = Scheduler(self.model.runner, self.max_batch_tokens)
+        self.scheduler = Scheduler(self.model.runner, self.max_batch_tokens,
+                                   prefix_cache=getattr(self.model, "prefix_cache", True))
         bos = (self.model.tokenizer.tokenizer.token_to_id(self.model.tokenizer.bos_token)
                if self.model.tokenizer is not None and self.model.tokenizer.bos_token else None)
         token = bos if bos is not None else 0
@@ -262,6 +264,8 @@ class Engine:
             _ = self.model.vision.model  # the vision encoder, loaded before /health says ok
         log.info("warmed up: vocabulary %d, context %d, KV cache %d blocks", spec.vocab_size,
                  spec.max_positions, self.scheduler.allocator.num_blocks)
+        allocator = self.scheduler.allocator  # the warm-up's prompts are not the clients'
+        self._prefix = (allocator.prefix_queries, allocator.prefix_hits)
         self._gauges()
 
     def _full_step(self, token: int) -> list[Sequence]:
@@ -396,6 +400,11 @@ class Engine:
         if scheduler.preemptions > self._preemptions:
             m.preemptions.inc(scheduler.preemptions - self._preemptions)
             self._preemptions = scheduler.preemptions
+        allocator = scheduler.allocator
+        m.prefix_queries.inc(allocator.prefix_queries - self._prefix[0])
+        m.prefix_hits.inc(allocator.prefix_hits - self._prefix[1])
+        self._prefix = (allocator.prefix_queries, allocator.prefix_hits)
+        m.kv_cached.set(allocator.cached_blocks)
 
 
 def _deliver(deltas: list[tuple[asyncio.Queue, Delta]]) -> None:

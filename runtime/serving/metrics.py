@@ -36,6 +36,13 @@ class Metrics:
                                    "recomputed later) when the KV cache ran out", registry=r)
         self.prompt_tokens = Counter("dayzero_prompt_tokens", "Prompt tokens admitted",
                                      registry=r)
+        self.prefix_queries = Counter("dayzero_prefix_cache_queries", "Prompt tokens looked "
+                                      "up in the prefix cache", registry=r)
+        self.prefix_hits = Counter("dayzero_prefix_cache_hits", "Prompt tokens found in the "
+                                   "prefix cache (their KV blocks reused, not computed)",
+                                   registry=r)
+        self.kv_cached = Gauge("dayzero_kv_blocks_cached", "KV cache blocks named by a prefix "
+                               "digest, held by a sequence or kept for reuse", registry=r)
         self.generated_tokens = Counter("dayzero_generation_tokens", "Tokens generated",
                                         registry=r)
         # where the engine thread's time goes, and how full its steps are
