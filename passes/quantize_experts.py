@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from compiler.ir import DType, Graph, Node, TensorType, get_op
 from compiler.ir.ops.fused import Emitter
@@ -11,7 +11,12 @@ from compiler.ir.ops.moe import padded, shared_expert
 from compiler.ir.ops.quantized_moe import MOE_ATTRS
 
 from .base import Pass, PassResult
-from .quantize_weights import QuantizeWeights, quantize, quantized_weight, unused_weight_name
+from .quantize_weights import (
+    BlockRule,
+    QuantizeWeights,
+    quantized_weight,
+    unused_weight_name,
+)
 from .registry import register_pass
 
 
@@ -106,14 +111,7 @@ class QuantizeExperts(Pass):
                                  TensorType(stack.dtype, shapes[1]), scales)]
 
 
-def quantize_stack(stack: Any, bits: int, group_size: int) -> tuple[Any, Any]:
-    """quantize_weights' rule on each expert of an in_out stack [experts, in, out]: codes
-    [experts, out, in / group_size, bytes] and scales [experts, out, in / group_size]."""
-    import torch
-
-    tensor = torch.as_tensor(stack)
-    experts, k, n = tensor.shape
-    codes, scales = quantize(tensor.transpose(1, 2).reshape(experts * n, k), bits, group_size)
-    return (codes.reshape(experts, n, k // group_size, -1),
-            scales.reshape(experts, n, k // group_size))
-
+# quantize_weights' rule on each expert of an in_out stack [experts, in, out]: codes
+# [experts, out, in / group_size, bytes] and scales [experts, out, in / group_size], in the
+# stack's dtype; a streamed stack is quantized an expert (or a few) at a time
+quantize_stack = BlockRule(stacked=True)

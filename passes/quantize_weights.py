@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -138,40 +139,93 @@ def _group_size_for(widths: list[int], largest: int) -> tuple[int, int] | None:
     return best
 
 
-def quantize(weight: Any, bits: int, group_size: int) -> tuple[Any, Any]:
-    """(codes u8 [N, K / group_size, group_size * bits / 8], scales [N * K / group_size]) in
-    the weight's dtype."""
-    return _quantize(weight, bits, group_size, None)
+@dataclass(frozen=True)
+class BlockRule:
+    """quantize_weights' rule, split so that a weight streamed from a checkpoint is quantized
+    a slice at a time (see compiler/checkpoint/lazy_quantized.py).
+
+    Each unit (a row of a [N, K] weight; with `stacked`, an expert [K, N] of an in_out stack,
+    quantized along K) is quantized on its own: a slice of whole units gives exactly the
+    codes and scales the whole tensor gives there, so the writer never needs the source
+    whole, nor its codes. `scales` and `codes` are the two halves (codes are rounded against
+    the float32 scales `scales` returns: the stored ones for `scale_dtype` float16); calling
+    the rule runs both on a tensor in memory.
+    """
+
+    scale_dtype: str | None = None  # the stored scales' torch dtype; None: the weight's
+    stacked: bool = False
+
+    def __call__(self, weight: Any, bits: int, group_size: int) -> tuple[Any, Any]:
+        """(codes, scales) of a whole tensor: [N, K / group_size, group_size * bits / 8] and
+        [N * K / group_size] (stacked: [E, N, K / group_size, ...] and [E, N, K / group_size])."""
+        import torch
+
+        w = torch.as_tensor(weight)
+        scales = self.scales(w, bits, group_size)
+        codes = self.codes(w, scales, bits, group_size)
+        if self.stacked:
+            experts, k, n = w.shape
+            return (codes.reshape(experts, n, k // group_size, -1),
+                    self.stored(scales, w.dtype).reshape(experts, n, k // group_size))
+        n, k = w.shape
+        return codes.reshape(n, k // group_size, -1), self.stored(scales, w.dtype)
+
+    def unit(self, shape: tuple[int, ...]) -> int:
+        """Elements quantized independently of the rest: a row, or one expert."""
+        return math.prod(shape[1:])
+
+    def stored(self, scales: Any, weight_dtype: Any) -> Any:
+        """The float32 scales (`scales`' result) as stored: float16, or the weight's dtype."""
+        import torch
+
+        return scales.to(getattr(torch, self.scale_dtype) if self.scale_dtype else weight_dtype)
+
+    def scales(self, weight: Any, bits: int, group_size: int) -> Any:
+        """Float32 scales of whole units, flat: each block's signed value of largest magnitude
+        over -2^(bits-1) (NaN, if any: the scale then is NaN), 1 for an all-zero block."""
+        import torch
+
+        blocks = self._rows(weight).reshape(-1, group_size)
+        extreme = blocks.gather(-1, blocks.abs().argmax(dim=-1, keepdim=True))[:, 0]
+        scale = extreme / -(2 ** (bits - 1))
+        scale = torch.where(scale != 0, scale, torch.ones_like(scale))
+        if self.scale_dtype is not None:
+            scale = _stored(scale, getattr(torch, self.scale_dtype))
+        return scale
+
+    def codes(self, weight: Any, scales: Any, bits: int, group_size: int) -> Any:
+        """u8 codes of whole units, flat, rounded against `scales` (`scales`' result for them):
+        round(w / scale) clamped to [-2^(bits-1), 2^(bits-1) - 1], offset by 2^(bits-1), two
+        4-bit codes a byte (the first in the low nibble). In place on one float32 copy."""
+        import torch
+
+        half = 2 ** (bits - 1)
+        blocks = self._rows(weight).reshape(-1, group_size)
+        q = blocks / scales.reshape(-1, 1)
+        q.round_().clamp_(-half, half - 1).add_(half)
+        codes = q.to(torch.uint8)
+        if bits == 4:
+            codes = codes[:, 0::2] | (codes[:, 1::2] << 4)
+        return codes.reshape(-1)
+
+    def _rows(self, weight: Any) -> Any:
+        """Float32 rows to quantize along (an expert [K, N] transposed to [N, K])."""
+        import torch
+
+        w = torch.as_tensor(weight).float()
+        if self.stacked:
+            w = w.transpose(-2, -1).contiguous()
+        return w
 
 
-def quantize_half_scales(weight: Any, bits: int, group_size: int) -> tuple[Any, Any]:
-    """`quantize` with float16 scales: each scale rounded to float16 first, the codes then
-    rounded against the stored scale, so the weights they stand for are exactly what every
-    backend computes. 2 bytes a block instead of 4 (a tenth of int4's bytes in groups of 32);
-    the rounding moves a scale by at most 2^-11 of itself (above float16's normal minimum,
-    6.1e-5), far inside int4's own step."""
-    return _quantize(weight, bits, group_size, "float16")
-
-
-def _quantize(weight: Any, bits: int, group_size: int, scale_dtype: str | None):
-    import torch
-
-    w = torch.as_tensor(weight).float()
-    n, k = w.shape
-    blocks = w.reshape(n, k // group_size, group_size)
-    half = 2 ** (bits - 1)
-    # the signed value of largest magnitude (NaN, if any: the scale then is NaN, as before)
-    extreme = blocks.gather(-1, blocks.abs().argmax(dim=-1, keepdim=True))[..., 0]
-    scale = extreme / -half
-    scale = torch.where(scale != 0, scale, torch.ones_like(scale))
-    if scale_dtype is not None:
-        scale = _stored(scale, getattr(torch, scale_dtype))
-    codes = torch.round(blocks / scale[..., None]).clamp(-half, half - 1) + half
-    codes = codes.to(torch.uint8)
-    if bits == 4:
-        codes = codes[..., 0::2] | (codes[..., 1::2] << 4)
-    dtype = getattr(torch, scale_dtype) if scale_dtype else torch.as_tensor(weight).dtype
-    return codes.contiguous(), scale.reshape(-1).to(dtype)
+# codes and scales in the weight's dtype
+quantize = BlockRule()
+# `quantize` with float16 scales: each scale rounded to float16 first, the codes then rounded
+# against the stored scale, so the weights they stand for are exactly what every backend
+# computes. 2 bytes a block instead of 4 (a tenth of int4's bytes in groups of 32); the
+# rounding moves a scale by at most 2^-11 of itself (above float16's normal minimum, 6.1e-5),
+# far inside int4's own step.
+quantize_half_scales = BlockRule(scale_dtype="float16")
 
 
 def _stored(scale: Any, dtype: Any) -> Any:

@@ -33,6 +33,7 @@ from . import precision
 from .layout import CheckpointError, CheckpointLayout, TensorRecord
 
 CHUNK_BYTES = 64 * 2**20
+SLICE_BYTES = 16 * 2**20  # what a sliced computation (quantization) holds of its source
 _PAGE = mmap.PAGESIZE
 
 
@@ -46,8 +47,10 @@ class StreamStats:
     shards_opened: list[str] = field(default_factory=list)
     conversions: Counter = field(default_factory=Counter)  # (source, target) -> tensor count
     # tensors read whole: by a pass (torch.as_tensor / np.asarray), or at write time by a
-    # deferred job (a quantization, a fold) that computes from one source tensor at a time
+    # deferred job (a fold, a conversion) that computes from one source tensor at a time
     materialized: int = 0
+    # tensors quantized at write time a slice of rows (or experts) at a time, never whole
+    quantized: int = 0
 
     def summary(self, total_shards: int) -> str:
         changes = ", ".join(f"{s}->{t} x{n}" for (s, t), n in sorted(
@@ -56,8 +59,10 @@ class StreamStats:
                 f"shards: {_size(self.bytes_read)} read, {_size(self.bytes_written)} written; "
                 f"dtype changes: {changes}")
         if self.materialized:
-            line += (f"; {self.materialized} tensors read whole (to quantize, fold or convert "
-                     "them, one at a time)")
+            line += (f"; {self.materialized} tensors read whole (to fold or convert them, one "
+                     "at a time)")
+        if self.quantized:
+            line += f"; {self.quantized} tensors quantized a slice at a time"
         return line
 
 
@@ -173,6 +178,31 @@ class _Lazy:
             pos += len(chunk)
         self._stats.materialized += 1
         return out
+
+    def slices(self, unit: int, slice_bytes: int = SLICE_BYTES) -> Iterator[Any]:
+        """The tensor as flat torch tensors of `ir_dtype` holding whole units of `unit`
+        elements (rows, experts), about `slice_bytes` each, in order: for a computation that
+        works on units independently (quantization), so the tensor is never read whole.
+
+        Each slice is a view of one reused buffer, valid until the next is asked for."""
+        import torch
+
+        if unit <= 0 or self.numel() % unit:
+            raise ValueError(f"{self!r} does not split into units of {unit} elements")
+        unit_bytes = unit * self.ir_dtype.itemsize
+        buffer = torch.empty(max(1, slice_bytes // unit_bytes) * unit_bytes, dtype=torch.uint8)
+        flat, fill = buffer.numpy(), 0
+        for chunk in self._chunks(len(buffer)):
+            data, pos = np.frombuffer(chunk, dtype=np.uint8), 0
+            while pos < len(data):
+                n = min(len(flat) - fill, len(data) - pos)
+                flat[fill:fill + n] = data[pos:pos + n]
+                fill, pos = fill + n, pos + n
+                if fill == len(flat):
+                    yield buffer.view(self.ir_dtype.to_torch())
+                    fill = 0
+        if fill:
+            yield buffer[:fill].view(self.ir_dtype.to_torch())
 
     # -- interop: torch.as_tensor(handle), np.asarray(handle) --------------------------------
     def __dlpack__(self, *args, **kwargs):

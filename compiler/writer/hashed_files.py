@@ -2,8 +2,9 @@
 
 Shared by the single-model writer (`artifact_writer`) and the per-rank writer (`rank_writer`).
 Weights a backend asks for in its kernels' layout (`Backend.derived_weights`) are computed
-here, one tensor at a time as the file is written (`DerivedData`), and stored instead of the
-graph's layout when the kernel is their only reader: a load then maps them unchanged.
+here as the file is written, a slice of whole row blocks of one source at a time
+(`DerivedStream`), and stored instead of the graph's layout when the kernel is their only
+reader: a load then maps them unchanged.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from backends import WeightLocation
-from backends.base import WEIGHT_LAYOUTS, DerivedWeight
+from backends.base import INT4_TILE, PANEL, WEIGHT_LAYOUTS, DerivedWeight
 from compiler.errors import DayzeroError
 from compiler.ir import Graph, symbolic
 from compiler.ir.weights import is_lazy
@@ -62,10 +63,11 @@ def write_weights(root: Path, graph: Graph, files: dict[str, dict[str, Any]], pr
                            "give the extra files paths outside it") from None
     locations: dict[str, WeightLocation] = {}
     shard_files = []
+    data = DerivedData(graph.weight_data, derived, specs)
     for index, names in enumerate(shards):
         rel = f"{folder}/model-{index + 1:05d}-of-{len(shards):05d}.safetensors"
-        entries, digest, size = st.write_file(root / rel, {n: specs[n] for n in names},
-                                              DerivedData(graph.weight_data, derived), progress)
+        entries, digest, size = st.write_file(root / rel, {n: specs[n] for n in names}, data,
+                                              progress)
         files[rel] = {"size": size, "sha256": digest}
         shard_files.append(rel)
         for e in entries:
@@ -93,18 +95,17 @@ def derived_manifest(derived: Mapping[str, DerivedWeight]) -> dict[str, dict[str
 
 class DerivedData(Mapping):
     """`weight_data` with the derived tensors added, each computed from its source only when
-    the writer reads it, so at most one source and its reordering are in memory at a time."""
+    the writer reads it, a block of rows at a time (`DerivedStream`)."""
 
-    def __init__(self, data: Mapping[str, Any], derived: Mapping[str, DerivedWeight]):
-        self._data, self._derived = data, derived
+    def __init__(self, data: Mapping[str, Any], derived: Mapping[str, DerivedWeight],
+                 specs: Mapping[str, tuple[Any, tuple[int, ...]]]):
+        self._data, self._derived, self._specs = data, derived, specs
 
     def __getitem__(self, name: str) -> Any:
         spec = self._derived.get(name)
         if spec is None:
             return self._data[name]
-        source = self._data[spec.source]
-        array = to_numpy(source.load() if is_lazy(source) else source)
-        return WEIGHT_LAYOUTS[spec.layout].forward(array, **spec.params)
+        return DerivedStream(self._data[spec.source], spec, *self._specs[name])
 
     def __iter__(self) -> Iterator[str]:
         yield from self._data
@@ -112,6 +113,47 @@ class DerivedData(Mapping):
 
     def __len__(self) -> int:
         return len(self._data) + sum(n not in self._data for n in self._derived)
+
+
+# Rows of its source that each layout reorders on its own: the stored tensor is these blocks'
+# reorderings one after the other, so it is computed a slice of whole blocks at a time
+_ROW_BLOCKS = {"panels32": PANEL, "int4_tiles8": INT4_TILE, "scale_tiles8": INT4_TILE}
+SLICE_BYTES = 16 * 2**20
+
+
+class DerivedStream:
+    """A derived tensor's bytes, computed from slices of whole row blocks of its source (read
+    a slice at a time from a checkpoint, or sliced from memory): never the whole reordering,
+    nor a checkpoint source read whole. What `safetensors_io.tensor_chunks` streams."""
+
+    def __init__(self, source: Any, spec: DerivedWeight, ir_dtype, shape: tuple[int, ...]):
+        self.source, self.spec, self.ir_dtype, self.shape = source, spec, ir_dtype, shape
+
+    def iter_chunks(self, chunk_bytes: int = SLICE_BYTES) -> Iterator[memoryview]:
+        spec, layout = self.spec, WEIGHT_LAYOUTS[self.spec.layout]
+        rows = int(spec.params["rows"]) if "rows" in spec.params else self.source.shape[0]
+        row = int(np.prod(self.source.shape, dtype=np.int64)) // max(1, rows)
+        for piece in self._pieces(row, _ROW_BLOCKS.get(spec.layout, rows)):
+            params = dict(spec.params)
+            if "rows" in params:  # a 1-D tensor of `rows` rows: this slice's count
+                params["rows"] = piece.size // row
+            raw = memoryview(np.ascontiguousarray(layout.forward(piece, **params))
+                             .reshape(-1).view(np.uint8))
+            for at in range(0, len(raw), max(1, chunk_bytes)):
+                yield raw[at:at + chunk_bytes]
+
+    def _pieces(self, row: int, block: int) -> Iterator[np.ndarray]:
+        """The source in slices of whole blocks of `block` rows, shaped as the source."""
+        rest = () if "rows" in self.spec.params else tuple(self.source.shape)[1:]
+        unit = max(1, block * row)
+        if is_lazy(self.source):
+            pieces = (to_numpy(p) for p in self.source.slices(unit))
+        else:
+            flat = to_numpy(self.source).reshape(-1)
+            step = max(1, SLICE_BYTES // (unit * flat.itemsize)) * unit
+            pieces = (flat[at:at + step] for at in range(0, flat.size, step))
+        for piece in pieces:
+            yield piece.reshape(-1, *rest) if rest else piece
 
 
 def _weight_spec(graph: Graph, name: str):

@@ -1,5 +1,5 @@
 """A streamed checkpoint quantized to int4 while it is written: the same codes as quantizing the
-model in memory, each source weight read whole once, one at a time."""
+model in memory, each source weight read a slice of rows at a time, never whole."""
 
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ def test_checkpoint_quantized_while_streamed_matches_in_memory(tmp_path):
                        checkpoint=ckpt)
     stats = ckpt.reader.stats
     quantized = [n for n in runtime.load(streamed).artifact.weight_locations() if ".q4" in n]
-    assert quantized and stats.materialized == len(quantized)  # each source read whole once
+    # each source quantized by one job, a slice at a time: none read whole
+    assert quantized and stats.quantized == len(quantized) and stats.materialized == 0
     model = tiny_llama(tie=False, layers=1)
     model.config.use_cache = False
     in_memory = compile_checkpoint(folder, tmp_path / "ckpt2.dz", backend="onnxruntime",
@@ -53,7 +54,8 @@ def test_one_quantization_serves_both_handles(tmp_path):
     assert isinstance(codes, LazyQuantized) and codes.shape == (64, 2, 8)
     assert scales.shape == (128,) and codes.ir_dtype.value == "u8"
     streamed = [b"".join(bytes(c) for c in h.iter_chunks(100)) for h in (codes, scales)]
-    assert ckpt.reader.stats.materialized == 1  # both handles from one read of the source
+    # both handles from one job, reading the source in slices, never whole
+    assert ckpt.reader.stats.quantized == 1 and ckpt.reader.stats.materialized == 0
     want_codes, want_scales = quantize(source.load(), 4, 16)
     assert streamed[0] == want_codes.numpy().tobytes()
     assert streamed[1] == want_scales.numpy().tobytes()
