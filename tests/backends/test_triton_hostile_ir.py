@@ -310,7 +310,7 @@ def test_nan_and_infinite_attributes_run_as_in_eager(case, attr, value):
     ("dims=[-1]", "dims=[-1, 1]"),
     ("keepdim=false", "keepdim=0"),
     ('approximate="none"', f'approximate={json.dumps(CODE[2])}'),
-])
+], ids=lambda text: text.replace(str(MARKER), "MARKER"))  # the same ids in every xdist worker
 def test_attributes_of_the_wrong_kind_are_refused_at_load(case, old, new):
     """Values the IR parser accepts (it does not type these attributes) but no kernel can take:
     today's generator wrote their text (a string literal, `DType.f32`, `True`, a list) or read
