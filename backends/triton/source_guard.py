@@ -192,7 +192,7 @@ _OPERATORS = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Bi
               ast.Load, ast.Store)
 
 
-class _Refused(Exception):
+class _Unsafe(Exception):
     def __init__(self, node: ast.AST, why: str):
         super().__init__(why)
         self.line, self.why = getattr(node, "lineno", 0), why
@@ -205,16 +205,16 @@ def check_source(source: str) -> None:
         body = tree.body
         header = [ast.unparse(s) for s in body[:len(HEADER)]]
         if tuple(header) != HEADER:
-            raise _Refused(tree, "the module does not start with the triton imports")
+            raise _Unsafe(tree, "the module does not start with the triton imports")
         names: set[str] = set()
         for stmt in body[len(HEADER):]:
             name = _check_kernel(stmt)
             if name in names:
-                raise _Refused(stmt, f"kernel {name} is defined twice")
+                raise _Unsafe(stmt, f"kernel {name} is defined twice")
             names.add(name)
     except SyntaxError as exc:
         raise _unsafe(exc.lineno or 0, f"it does not parse ({exc.msg})") from None
-    except _Refused as exc:
+    except _Unsafe as exc:
         raise _unsafe(exc.line, exc.why) from None
 
 
@@ -228,23 +228,23 @@ def _unsafe(line: int, why: str) -> ArtifactError:
 
 def _check_kernel(stmt: ast.stmt) -> str:
     if not isinstance(stmt, ast.FunctionDef) or not KERNEL_NAME.fullmatch(stmt.name):
-        raise _Refused(stmt, "a statement other than a kernel definition")
+        raise _Unsafe(stmt, "a statement other than a kernel definition")
     if [ast.unparse(d) for d in stmt.decorator_list] != ["triton.jit"] or stmt.returns or \
             getattr(stmt, "type_params", None):
-        raise _Refused(stmt, f"kernel {stmt.name} is not a plain @triton.jit function")
+        raise _Unsafe(stmt, f"kernel {stmt.name} is not a plain @triton.jit function")
     args = stmt.args
     if args.posonlyargs or args.vararg or args.kwonlyargs or args.kwarg or args.defaults:
-        raise _Refused(stmt, f"kernel {stmt.name} has a parameter form the generator never uses")
+        raise _Unsafe(stmt, f"kernel {stmt.name} has a parameter form the generator never uses")
     for arg in args.args:
         if arg.annotation is not None and ast.unparse(arg.annotation) != "tl.constexpr":
-            raise _Refused(arg, f"parameter {arg.arg} has an annotation other than tl.constexpr")
+            raise _Unsafe(arg, f"parameter {arg.arg} has an annotation other than tl.constexpr")
     params = [a.arg for a in args.args]
     stores = [n.id for n in ast.walk(stmt) if isinstance(n, ast.Name)
               and isinstance(n.ctx, ast.Store)]
     own = set(params) | set(stores)
     bad = sorted(n for n in own if not GENERATED_NAME.fullmatch(n) or n in _RESERVED)
     if bad or len(set(params)) != len(params):
-        raise _Refused(stmt, f"kernel {stmt.name} has a parameter or local named {bad[:1]}")
+        raise _Unsafe(stmt, f"kernel {stmt.name} has a parameter or local named {bad[:1]}")
     for inner in stmt.body:
         _check_statement(inner, own)
     return stmt.name
@@ -269,7 +269,7 @@ def _check_statement(stmt: ast.stmt, own: set[str]) -> None:
         for inner in stmt.body:
             _check_statement(inner, own)
     else:
-        raise _Refused(stmt, f"a statement the generator never writes ({type(stmt).__name__})")
+        raise _Unsafe(stmt, f"a statement the generator never writes ({type(stmt).__name__})")
 
 
 def _check_expr(expr: ast.AST, own: set[str]) -> None:
@@ -280,15 +280,15 @@ def _check_expr(expr: ast.AST, own: set[str]) -> None:
             _check_attribute(node)
         elif isinstance(node, ast.Name):
             if node.id not in own and node.id not in {"tl", *CALLS}:
-                raise _Refused(node, f"the name {node.id!r} is not the kernel's own")
+                raise _Unsafe(node, f"the name {node.id!r} is not the kernel's own")
         elif isinstance(node, ast.Constant):
             _check_constant(node)
         elif isinstance(node, ast.keyword):
             if node.arg not in KEYWORDS:
-                raise _Refused(node.value, f"the keyword {node.arg!r} is not one the generator "
+                raise _Unsafe(node.value, f"the keyword {node.arg!r} is not one the generator "
                                            "writes")
         elif not isinstance(node, (*_EXPRESSIONS, *_OPERATORS)):
-            raise _Refused(node, f"an expression the generator never writes "
+            raise _Unsafe(node, f"an expression the generator never writes "
                                  f"({type(node).__name__})")
 
 
@@ -301,11 +301,11 @@ def _check_call(call: ast.Call) -> None:
     else:
         ok = isinstance(fn, ast.Name) and fn.id in CALLS
     if not ok:
-        raise _Refused(call, f"a call of {ast.unparse(fn)[:60]!r}, which is not on the list")
+        raise _Unsafe(call, f"a call of {ast.unparse(fn)[:60]!r}, which is not on the list")
     if isinstance(fn, ast.Name) and fn.id == "float" and not (
             len(call.args) == 1 and not call.keywords and isinstance(call.args[0], ast.Constant)
             and call.args[0].value in FLOAT_STRINGS):
-        raise _Refused(call, "float() of anything but 'inf', '-inf' or 'nan'")
+        raise _Unsafe(call, "float() of anything but 'inf', '-inf' or 'nan'")
 
 
 def _check_attribute(node: ast.Attribute) -> None:
@@ -314,7 +314,7 @@ def _check_attribute(node: ast.Attribute) -> None:
             return
     elif node.attr in METHODS or ast.unparse(node) == NAN_MODE:
         return
-    raise _Refused(node, f"the attribute {ast.unparse(node)[:60]!r} is not on the list")
+    raise _Unsafe(node, f"the attribute {ast.unparse(node)[:60]!r} is not on the list")
 
 
 def _check_constant(node: ast.Constant) -> None:
@@ -323,4 +323,4 @@ def _check_constant(node: ast.Constant) -> None:
         return
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return
-    raise _Refused(node, f"the constant {_shown(value)} is not a number or a listed string")
+    raise _Unsafe(node, f"the constant {_shown(value)} is not a number or a listed string")

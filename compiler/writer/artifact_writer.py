@@ -324,7 +324,8 @@ def _foreign_entry(root: Path, listed: set[str]) -> str | None:
         here = Path(top).relative_to(root).as_posix()
         prefix = "" if here == "." else f"{here}/"
         for name in dirs:
-            if Path(top, name).is_symlink() or f"{prefix}{name}" not in folders:
+            if Path(top, name).is_symlink() or f"{prefix}{name}" not in folders \
+                    and not _own_empty_folder(root, f"{prefix}{name}"):
                 return f"{prefix}{name}/"
         for name in names:
             if f"{prefix}{name}" not in listed and f"{prefix}{name}" != MANIFEST:
@@ -332,6 +333,19 @@ def _foreign_entry(root: Path, listed: set[str]) -> str | None:
     if unreadable:
         return f"{unreadable[0].filename}, which cannot be read"
     return None
+
+
+# the folders a compile makes whatever it writes into them (a model without weights leaves
+# weights/ empty): empty, they hold nothing of a user's
+_LAYOUT_FOLDERS = frozenset({"weights", "backend", "tokenizer", "graphs"})
+
+
+def _own_empty_folder(root: Path, rel: str) -> bool:
+    path = root / rel
+    try:
+        return rel in _LAYOUT_FOLDERS and next(path.iterdir(), None) is None
+    except OSError:
+        return False
 
 
 def _install(tmp: Path, out: Path, force: bool) -> None:

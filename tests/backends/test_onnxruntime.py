@@ -16,6 +16,7 @@ import torch
 
 import runtime
 from backends import WeightLocation
+from backends.base import WEIGHT_LAYOUTS
 from backends.onnxruntime import (
     OnnxRuntimeBackend,
     format_node_map,
@@ -95,8 +96,11 @@ def test_weights_are_external_data_inside_the_safetensors_files(block_artifact):
     g, path = block_artifact
     onnx_path = path / "backend" / "model.onnx"
     model = onnx.load(str(onnx_path), load_external_data=False)
-    weights = {t.name: t for t in model.graph.initializer if t.name in g.weights}
-    assert set(weights) == set(g.weights)
+    # a weight only a native kernel reads is stored in that kernel's layout instead
+    derived = json.loads((path / "manifest.json").read_text()).get("derived_weights", {})
+    weights = {t.name: t for t in model.graph.initializer
+               if t.name in g.weights or t.name in derived}
+    assert {derived[n]["source"] if n in derived else n for n in weights} == set(g.weights)
     headers = {}
     for name, tensor in weights.items():
         assert tensor.data_location == onnx.TensorProto.EXTERNAL and not tensor.raw_data
@@ -105,8 +109,10 @@ def test_weights_are_external_data_inside_the_safetensors_files(block_artifact):
         entry = headers.setdefault(info["location"], read_header(path / info["location"], ""))[name]
         assert (int(info["offset"]), int(info["length"])) == (entry.begin, entry.nbytes)
         raw = (path / info["location"]).read_bytes()[entry.begin:entry.end]
-        np.testing.assert_array_equal(np.frombuffer(raw, np.float32).reshape(entry.shape),
-                                      g.weight_data[name].numpy())
+        want = g.weight_data[derived[name]["source"] if name in derived else name].numpy()
+        if name in derived:
+            want = WEIGHT_LAYOUTS[derived[name]["layout"]].forward(want)
+        np.testing.assert_array_equal(np.frombuffer(raw, np.float32).reshape(entry.shape), want)
     # the model file holds the graph only: far smaller than the weights it refers to
     weight_bytes = sum(t.numel() * 4 for t in g.weight_data.values())
     assert onnx_path.stat().st_size < weight_bytes / 4
@@ -163,10 +169,10 @@ def test_inspect_maps_every_ir_node_to_its_onnx_ops(block_artifact):
     for node, entry in zip(g.nodes, entries):
         assert entry["node"].split(" = ")[1].startswith(node.op)
         by_op.setdefault(node.op, entry)
-    # no reshapes around the product: the native kernel's panels are folded from the weight
-    # at load time; ORT's FusedMatMul takes it as it is
+    # no reshapes around the product: the artifact stores the native kernel's panels (or
+    # the weight as it is, for ORT's FusedMatMul)
     assert by_op["linear"]["onnx"] == (
-        ["Reshape", "Transpose", "ai.dayzero.PackedLinear"] if native_ops.library() is not None
+        ["ai.dayzero.PackedLinear"] if native_ops.library() is not None
         else ["com.microsoft.FusedMatMul"])
     assert by_op["permute"]["onnx"] == ["Transpose"]
     assert "Sqrt" in by_op["rms_norm"]["onnx"]

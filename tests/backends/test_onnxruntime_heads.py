@@ -25,6 +25,7 @@ CAUSAL = "ai.dayzero.CausalAttention"
 
 def _graph(case: str) -> Graph:
     g = Graph(case)
+    g.symbols["s0"] = (1, 64)  # the artifact declares the symbols its inputs use
     outputs = CASES[case].build(g)
     g.outputs = outputs
     return g

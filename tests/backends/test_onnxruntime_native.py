@@ -168,6 +168,7 @@ def test_without_the_library_attention_falls_back_and_artifacts_run_their_portab
     from tests.backends.onnxruntime_util import compile_graph, load
 
     g = Graph("gqa")
+    g.symbols["s0"] = (1, 64)
     g.outputs = GRAPHS["multi_head_attention_gqa"].build(g)
     native = compile_graph(g, tmp_path / "native.dz")
     monkeypatch.setattr(native_ops, "library", lambda: None)

@@ -235,6 +235,24 @@ def test_force_replaces_an_artifact_and_a_failed_rename_puts_the_old_one_back(
     assert names(tmp_path) == ["m.dz"]
 
 
+def test_an_artifact_with_its_own_empty_folders_may_be_replaced(tmp_path, make_mlp):
+    """A model without weights leaves weights/ empty: the artifact is still its own."""
+    out = write_artifact(tmp_path / "m.dz", make_mlp(0), "reference")
+    for folder in ("weights", "tokenizer"):
+        (out / folder).mkdir(exist_ok=True)
+        for file in (out / folder).iterdir():
+            file.unlink()
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["files"] = {k: v for k, v in manifest["files"].items()
+                         if not k.startswith("weights/")}
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    write_artifact(out, make_mlp(1), "reference", force=True)
+    assert (out / "manifest.json").is_file()
+    (out / "mine").mkdir()  # an empty folder a compile never makes is the user's
+    with pytest.raises(DayzeroError, match="it holds mine/"):
+        write_artifact(out, make_mlp(1), "reference", force=True)
+
+
 def test_an_empty_folder_may_be_replaced(tmp_path, make_mlp):
     (tmp_path / "m.dz").mkdir()
     write_artifact(tmp_path / "m.dz", make_mlp(), "reference", force=True)
