@@ -141,6 +141,9 @@ class DerivedStream:
                              .reshape(-1).view(np.uint8))
             for at in range(0, len(raw), max(1, chunk_bytes)):
                 yield raw[at:at + chunk_bytes]
+        stats = getattr(self.source, "_stats", None) if is_lazy(self.source) else None
+        if stats is not None:  # checkpoint tensors streamed out, in the kernel's layout
+            stats.tensors += len(getattr(self.source, "parts", ())) or 1
 
     def _pieces(self, row: int, block: int) -> Iterator[np.ndarray]:
         """The source in slices of whole blocks of `block` rows, shaped as the source."""
