@@ -89,7 +89,9 @@ def _check(tree: ast.expr, text: str) -> None:
 
 
 def _degree(node: ast.expr, text: str) -> int:
-    """Polynomial degree in the size symbols; refuses powers other than `x**k`, 0 <= k <= 8."""
+    """Polynomial degree in the size symbols, as compiler.ir.literals counts it: a power's
+    exponent is an integer constant from 0 to MAX_EXPONENT, and `(s0**2 + 1)**2` (sympy's
+    printed form of a square it did not expand) has degree 4."""
     if isinstance(node, ast.Constant):
         return 0
     if isinstance(node, ast.Name):
@@ -102,12 +104,14 @@ def _degree(node: ast.expr, text: str) -> int:
     if not isinstance(node.op, ast.Pow):
         return max(left, right) if isinstance(node.op, (ast.Add, ast.Sub)) else left + right
     exponent = node.right
-    if not (isinstance(exponent, ast.Constant) and 0 <= exponent.value <= MAX_EXPONENT) or any(
-            isinstance(n, ast.BinOp) and isinstance(n.op, ast.Pow) for n in ast.walk(node.left)):
+    if not (isinstance(exponent, ast.Constant) and 0 <= exponent.value <= MAX_EXPONENT):
         raise ArtifactError(f"size expression {text[:80]!r} has an unsupported power (an "
-                            f"integer constant from 0 to {MAX_EXPONENT} of a base without "
-                            "powers)", "manifest.json", "the artifact is corrupted; recompile it")
-    return left * exponent.value
+                            f"integer constant from 0 to {MAX_EXPONENT})", "manifest.json",
+                            "the artifact is corrupted; recompile it")
+    degree = left * exponent.value
+    if degree > MAX_DEGREE:  # refused here, before a tower's degree is multiplied further
+        raise _bad(text, f"degree above {MAX_DEGREE} in its symbols")
+    return degree
 
 
 def dim_symbols(text: str) -> frozenset[str]:

@@ -17,6 +17,7 @@ from ..errors import IRParseError
 from . import symbolic
 from .dtypes import DTYPE_NAMES, DType
 from .graph import Graph, Node, Value
+from .limits import MAX_SIMPLIFY_CALLS
 from .literals import Evaluator, integer, position, string
 from .ops import ShapeError, get_op
 from .types import TensorType
@@ -52,13 +53,16 @@ class _Builder:
             if isinstance(item, list):
                 self.check_attr_symbols(key, item, meta)
                 continue
-            for name in symbolic.free_symbols(item) if isinstance(item, sympy.Basic) else ():
+            if not isinstance(item, sympy.Basic):
+                continue
+            for name in symbolic.free_symbols(item):
                 if name not in self.graph.symbols:
                     raise IRParseError(
                         f"attribute {key}: '{name}' is neither a dtype nor a declared size symbol",
                         self.where(meta),
                         f"use a dtype ({', '.join(sorted(DTYPE_NAMES))}) or declare "
                         f"'symbol {name} in [lo, hi]'")
+            self.check_ends(item, f"attribute {key}", self.where(meta), size=False)
 
     def type(self, tree: Tree) -> TensorType:
         dtype_tok, *dims = tree.children
@@ -76,29 +80,41 @@ class _Builder:
                                        f"{self.source}: {position(d)}",
                                        f"add 'symbol {name} in [lo, hi]'")
             if names:
-                self.check_at_lower_bounds(dim, d)
+                self.check_ends(dim, "dim", f"{self.source}: {position(d)}")
             shape.append(dim)
         return TensorType(DType(str(dtype_tok)), tuple(shape))
 
-    def check_at_lower_bounds(self, dim, tree) -> None:
-        """A symbolic dim must not be negative at both ends of its symbols' ranges (at the
-        lower end alone it may be: the frontend records 0 as a lower bound where torch's range
-        starts at 0, for a dim such as s0 - 1)."""
-        ranges = {name: self.graph.symbols[name] for name in symbolic.free_symbols(dim)}
-        ends = [{n: r[0] for n, r in ranges.items()}]
-        if all(r[1] is not None for r in ranges.values()):
-            ends.append({n: r[1] for n, r in ranges.items()})
-        values = []
-        for end in ends:
-            try:
-                values.append(symbolic.evaluate(dim, end))
-            except (TypeError, ValueError, ZeroDivisionError):
-                return
-        if len(values) == 2 and all(v < 0 for v in values):
-            raise IRParseError(f"dim {dim} is negative over its symbols' ranges "
-                               f"({values[0]} at {ends[0]}, {values[1]} at {ends[1]})",
-                               f"{self.source}: {position(tree)}",
+    def check_ends(self, expr, what: str, where: str, size: bool = True) -> None:
+        """A symbolic dim or attribute must have a value at one end of its symbols' ranges at
+        least: a division by zero at both (Mod(s0, 1), Min(s0, 0) in a divisor, zero for every
+        size although sympy does not see it) is no value. A dim also must not be negative at
+        both ends (at the lower end alone it may be: the frontend records 0 as a lower bound
+        where torch's range starts at 0, for a dim such as s0 - 1). Where a range has no upper
+        end, lo + 1 stands for it. Evaluating costs one counted walk of the expression."""
+        ranges = {name: self.graph.symbols[name] for name in symbolic.free_symbols(expr)}
+        if not ranges:
+            return
+        ends = [{n: r[0] for n, r in ranges.items()},
+                {n: r[0] + 1 if r[1] is None else r[1] for n, r in ranges.items()}]
+        values = [self._value_at(expr, end, what, where) for end in ends]
+        if all(v is None for v in values):
+            raise IRParseError(f"{what} {expr} divides by zero at both ends of its symbols' "
+                               f"ranges ({ends[0]}, {ends[1]})", where,
                                "fix the expression or the symbols' ranges")
+        bounded = all(r[1] is not None for r in ranges.values())
+        if size and bounded and all(v is not None and v < 0 for v in values):
+            raise IRParseError(f"{what} {expr} is negative over its symbols' ranges "
+                               f"({values[0]} at {ends[0]}, {values[1]} at {ends[1]})", where,
+                               "fix the expression or the symbols' ranges")
+
+    def _value_at(self, expr, end: dict[str, int], what: str, where: str):
+        """The value at `end`, None where it divides by zero (counted work, no sympy)."""
+        try:
+            return symbolic.evaluate(expr, end)
+        except (ZeroDivisionError, TypeError):
+            return None
+        except ValueError as exc:  # past MAX_EVAL_STEPS or MAX_VALUE_BITS
+            raise IRParseError(f"{what} {expr} cannot be evaluated: {exc}", where) from None
 
     def ref(self, tree: Tree) -> Value | None:
         if tree.data == "absent":
@@ -231,8 +247,9 @@ def parse_ir(text: str, source: str = "<dzir>") -> Graph:
     builder = _Builder(source)
     name_tok, *stmts = tree.children
     builder.graph.name = string(name_tok, source) if name_tok.type == "STRING" else str(name_tok)
-    for stmt in stmts:
-        builder.statement(stmt)
+    with symbolic.bounded_simplify(MAX_SIMPLIFY_CALLS):
+        for stmt in stmts:
+            builder.statement(stmt)
     if not builder.returned:
         lines = text.split("\n")
         raise IRParseError("the graph has no `return` statement",
